@@ -1,0 +1,72 @@
+"""``python -m sandbox up --state-dir DIR`` runs every stand-in until interrupted; ``demo`` shows them off."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from sandbox.config import SandboxConfig
+
+
+def _usage(info: dict) -> str:
+    return f"""Sandbox is up. Everything listens on loopback; nothing here reaches Google or Hugging Face.
+
+  control plane (Cloud Run, Cloud Build, Compute, IAM, ...): {info['control_url']}
+  Hugging Face Hub stand-in:                                 {info['hub_url']}  (CDN {info['cdn_url']})
+  GCS emulator (fake-gcs-server):                            {info['gcs_url']}
+  Hub repos: {', '.join(info['hub']['repos'])}
+
+Point the product at it with the target in {info['state_dir']}/sandbox.json, e.g.
+  export HF_ENDPOINT={info['hub_url']} HF_TOKEN={info['hub']['token']} HF_HUB_DISABLE_XET=1
+  python -c "import json; print(json.load(open('{info['state_dir']}/sandbox.json'))['target'])"
+Inject faults with POST {info['control_url']}/_sandbox/faults  (see sandbox/faults.py).
+Ctrl-C stops it.
+"""
+
+
+async def _serve(state_dir: Path, config: SandboxConfig, quiet: bool) -> None:
+    from sandbox.runtime import SandboxRuntime
+
+    runtime = SandboxRuntime(state_dir, config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        info = await runtime.start()
+        if not quiet:
+            print(_usage(info), flush=True)
+        await stop.wait()
+    finally:
+        await runtime.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandbox", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start every stand-in and run until interrupted")
+    up.add_argument("--state-dir", type=Path, default=Path(".sandbox"), help="where sandbox.json and logs go")
+    up.add_argument("--time-scale", type=float, default=None, help="real seconds per simulated second")
+    up.add_argument("--config", type=Path, default=None, help="JSON file with SandboxConfig fields")
+    up.add_argument("--quiet", action="store_true", help="print nothing; read sandbox.json instead")
+    demo = sub.add_parser("demo", help="start a sandbox and walk through a model going live on it")
+    demo.add_argument("--state-dir", type=Path, default=Path(".sandbox/demo"))
+    args = parser.parse_args(argv)
+
+    if args.command == "up":
+        settings = json.loads(args.config.read_text()) if args.config else {}
+        if args.time_scale is not None:
+            settings["time_scale"] = args.time_scale
+        asyncio.run(_serve(args.state_dir.resolve(), SandboxConfig.model_validate(settings), args.quiet))
+        return 0
+    from sandbox.demo import run_demo
+
+    return run_demo(args.state_dir.resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

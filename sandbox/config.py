@@ -1,0 +1,33 @@
+"""Settings of one sandbox: the fake project, its quotas, and the clock that field durations run on."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+# Sandbox Hub tokens. Not secrets: they only open the local stand-in's gated repos.
+SANDBOX_HF_TOKEN = "hf_sandboxTokenForGatedRepos0000000000"
+SANDBOX_HF_TOKEN_NO_ACCESS = "hf_sandboxTokenWithoutLicenceAccess000"
+
+
+class SandboxConfig(BaseModel):
+    """What the stand-ins pretend: the project, region, quotas, and how fast simulated time runs."""
+
+    project: str = "sandbox-project"
+    region: str = "us-central1"
+    time_scale: float = Field(
+        0.01,
+        gt=0,
+        le=1,
+        description="real seconds per simulated second: model loads, compile times and probe periods all "
+        "run on this clock, so a 240 s probe window takes 2.4 s at 0.01 and still fails as it would",
+    )
+    gpu_quota: dict[str, int] = Field(
+        default_factory=lambda: {"nvidia-l4": 3, "nvidia-rtx-pro-6000": 1},
+        description="GPUs per project and region without zonal redundancy (FACTS.md: 3 for a first L4 deploy)",
+    )
+    zonal_redundancy_gpu_quota: int = Field(
+        0, ge=0, description="GPUs with zonal redundancy; new projects have none"
+    )
+    cpu_quota: float = Field(200, description="regional vCPU quota for Cloud Run")
+    memory_quota_gib: float = Field(800, description="regional memory quota for Cloud Run, GiB")
+    seed_models: bool = Field(True, description="publish the default generated repos on the Hub stand-in")

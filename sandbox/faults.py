@@ -1,0 +1,228 @@
+"""Fault injection and request recording for every sandbox HTTP server.
+
+Tests add rules through the admin API (``POST /_sandbox/faults``); a rule matches requests by server,
+method and path regex and then answers with an error status, drops the connection after some body bytes,
+delays, throttles or corrupts the body. Rules fire a number of times or on a fraction of matching requests
+(seeded, so a run is repeatable). Product code never sees any of this: it only sees HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import re
+import threading
+import time
+from collections import deque
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+FaultAction = Literal["status", "drop", "delay", "slow", "corrupt"]
+
+
+class FaultRule(BaseModel):
+    """One injected fault. ``server`` names the sandbox piece: hub, cdn, control, or a service front end."""
+
+    server: str
+    path: str = Field(".*", description="regex searched in the request path (query excluded)")
+    method: str | None = None
+    action: FaultAction = "status"
+    status: int = 503
+    retry_after: str | None = Field(None, description="Retry-After header value for status faults")
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: str | None = None
+    times: int | None = Field(None, ge=1, description="fire this many times, then stop")
+    fraction: float | None = Field(None, gt=0, le=1, description="fire on this share of matching requests")
+    seed: int = 0
+    after_bytes: int = Field(0, ge=0, description="drop: bytes of body sent before the connection is cut")
+    delay_s: float = Field(0.0, ge=0, description="delay: seconds before answering; slow: per 64 KiB chunk")
+    id: int = 0
+    fired: int = 0
+
+    @model_validator(mode="after")
+    def _compile(self) -> FaultRule:
+        re.compile(self.path)
+        return self
+
+
+class RecordedRequest(BaseModel):
+    seq: int
+    server: str
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: str | None = None
+    status: int | None = None
+    fault: int | None = None
+    time: float
+
+
+class FaultRegistry:
+    """Rules and the request log, shared by every server of one sandbox process."""
+
+    def __init__(self, log_limit: int = 50_000) -> None:
+        self._lock = threading.Lock()
+        self._rules: list[FaultRule] = []
+        self._rngs: dict[int, random.Random] = {}
+        self._ids = itertools.count(1)
+        self._seq = itertools.count(1)
+        self.log: deque[RecordedRequest] = deque(maxlen=log_limit)
+
+    def add(self, rule: FaultRule) -> FaultRule:
+        with self._lock:
+            rule.id = next(self._ids)
+            self._rules.append(rule)
+            self._rngs[rule.id] = random.Random(rule.seed)
+            return rule
+
+    def clear(self, server: str | None = None) -> None:
+        with self._lock:
+            self._rules = [r for r in self._rules if server is not None and r.server != server]
+
+    def rules(self) -> list[FaultRule]:
+        with self._lock:
+            return [r.model_copy() for r in self._rules]
+
+    def match(self, server: str, method: str, path: str) -> FaultRule | None:
+        with self._lock:
+            for rule in self._rules:
+                if rule.server != server or (rule.method and rule.method.upper() != method):
+                    continue
+                if not re.search(rule.path, path):
+                    continue
+                if rule.times is not None and rule.fired >= rule.times:
+                    continue
+                if rule.fraction is not None and self._rngs[rule.id].random() >= rule.fraction:
+                    continue
+                rule.fired += 1
+                return rule.model_copy()
+        return None
+
+    def record(self, entry: dict) -> RecordedRequest:
+        item = RecordedRequest(seq=next(self._seq), time=time.time(), **entry)
+        self.log.append(item)
+        return item
+
+    def requests(self, server: str | None = None, since: int = 0) -> list[RecordedRequest]:
+        return [r for r in list(self.log) if r.seq > since and (server is None or r.server == server)]
+
+
+def _default_error_body(server: str, status: int) -> bytes:
+    if server in ("hub", "cdn"):
+        return json.dumps({"error": f"sandbox fault: HTTP {status}"}).encode()
+    from sandbox.control.errors import google_error_body
+
+    return google_error_body(status, f"sandbox fault: HTTP {status}")
+
+
+class DropConnection(Exception):
+    """Raised inside the ASGI send path to make uvicorn cut the connection mid-body."""
+
+
+class FaultMiddleware:
+    """ASGI middleware: records each request and applies the first matching fault rule."""
+
+    def __init__(self, app, server: str, registry: FaultRegistry, record_bodies: bool = False) -> None:
+        self.app = app
+        self.server = server
+        self.registry = registry
+        self.record_bodies = record_bodies
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/_sandbox"):
+            await self.app(scope, receive, send)
+            return
+        method, path = scope["method"], scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        body_parts: list[bytes] = []
+        if self.record_bodies:
+            receive = _teeing_receive(receive, body_parts)
+        entry = {
+            "server": self.server,
+            "method": method,
+            "path": path,
+            "query": scope.get("query_string", b"").decode("latin-1"),
+            "headers": headers,
+        }
+        rule = self.registry.match(self.server, method, path)
+        status_seen: list[int] = []
+
+        async def recording_send(message) -> None:
+            if message["type"] == "http.response.start":
+                status_seen.append(message["status"])
+            await send(message)
+
+        try:
+            if rule is None:
+                await self.app(scope, receive, recording_send)
+            else:
+                await self._apply(rule, scope, receive, recording_send)
+        finally:
+            if self.record_bodies:
+                entry["body"] = b"".join(body_parts)[:65536].decode("utf-8", "replace") or None
+            self.registry.record(
+                {**entry, "status": status_seen[0] if status_seen else None, "fault": rule.id if rule else None}
+            )
+
+    async def _apply(self, rule: FaultRule, scope, receive, send) -> None:
+        if rule.action == "status":
+            body = rule.body.encode() if rule.body is not None else _default_error_body(self.server, rule.status)
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            if rule.retry_after is not None:
+                headers.append((b"retry-after", rule.retry_after.encode()))
+            headers += [(k.lower().encode(), v.encode()) for k, v in rule.headers.items()]
+            await send({"type": "http.response.start", "status": rule.status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if rule.action == "delay":
+            await asyncio.sleep(rule.delay_s)
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, _body_fault_send(rule, send))
+
+
+def _teeing_receive(receive, parts: list[bytes]):
+    async def wrapped():
+        message = await receive()
+        if message["type"] == "http.request":
+            parts.append(message.get("body", b""))
+        return message
+
+    return wrapped
+
+
+def _body_fault_send(rule: FaultRule, send):
+    sent = 0
+    flipped = False
+
+    async def wrapped(message) -> None:
+        nonlocal sent, flipped
+        if message["type"] != "http.response.body":
+            await send(message)
+            return
+        body: bytes = message.get("body", b"")
+        if rule.action == "drop":
+            room = rule.after_bytes - sent
+            if len(body) >= room:
+                if room > 0:
+                    await send({"type": "http.response.body", "body": body[:room], "more_body": True})
+                raise DropConnection(f"sandbox fault {rule.id}: connection dropped after {rule.after_bytes} bytes")
+        elif rule.action == "corrupt" and body and not flipped:
+            body = bytes([body[0] ^ 0xFF]) + body[1:]
+            flipped = True
+        elif rule.action == "slow":
+            for start in range(0, max(len(body), 1), 65536):
+                await asyncio.sleep(rule.delay_s)
+                chunk = body[start : start + 65536]
+                more = start + 65536 < len(body) or message.get("more_body", False)
+                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            sent += len(body)
+            return
+        sent += len(body)
+        await send({**message, "body": body})
+
+    return wrapped

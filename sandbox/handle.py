@@ -1,0 +1,134 @@
+"""Start a sandbox as a child process and talk to its admin API: what test fixtures and the demo use."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandbox.runtime import INFO_FILE
+
+
+class SandboxHandle:
+    """A running sandbox (``python -m sandbox up``) and a client for its ``/_sandbox`` admin API."""
+
+    def __init__(self, info: dict, process: subprocess.Popen | None = None) -> None:
+        self.info = info
+        self.process = process
+        self.admin = httpx.Client(base_url=f"{info['control_url']}/_sandbox", timeout=30)
+
+    @classmethod
+    def start(cls, state_dir: Path, *args: str, timeout_s: float = 60.0) -> SandboxHandle:
+        """Launch ``python -m sandbox up --state-dir state_dir`` and wait until it has written its URLs."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        info_path = state_dir / INFO_FILE
+        info_path.unlink(missing_ok=True)
+        log = (state_dir / "sandbox.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandbox", "up", "--state-dir", str(state_dir), "--quiet", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                tail = (state_dir / "sandbox.log").read_text(errors="replace")[-4000:]
+                raise RuntimeError(f"sandbox exited with {process.returncode}:\n{tail}")
+            if info_path.exists():
+                info = json.loads(info_path.read_text())
+                if info.get("pid") == process.pid:
+                    return cls(info, process)
+            time.sleep(0.02)
+        process.kill()
+        raise RuntimeError(f"sandbox did not start within {timeout_s} s; see {state_dir / 'sandbox.log'}")
+
+    @classmethod
+    def attach(cls, state_dir: Path) -> SandboxHandle:
+        """Use a sandbox that someone else started (``python -m sandbox up`` in another terminal)."""
+        return cls(json.loads((state_dir / INFO_FILE).read_text()))
+
+    # URLs and ready-made settings -------------------------------------------------------------------------
+    @property
+    def target(self) -> dict[str, Any]:
+        """Keyword arguments for a GcpTarget that points at this sandbox."""
+        return dict(self.info["target"])
+
+    @property
+    def hub_url(self) -> str:
+        return self.info["hub_url"]
+
+    @property
+    def hub_token(self) -> str:
+        return self.info["hub"]["token"]
+
+    @property
+    def gcs_url(self) -> str:
+        return self.info["gcs_url"]
+
+    @property
+    def control_url(self) -> str:
+        return self.info["control_url"]
+
+    # Admin API ------------------------------------------------------------------------------------------
+    def _ok(self, response: httpx.Response) -> Any:
+        response.raise_for_status()
+        return response.json()
+
+    def add_fault(self, server: str, **rule: Any) -> dict:
+        """Inject a fault (see ``sandbox.faults.FaultRule``); returns the stored rule with its id."""
+        return self._ok(self.admin.post("/faults", json={"server": server, **rule}))
+
+    def faults(self) -> list[dict]:
+        return self._ok(self.admin.get("/faults"))
+
+    def clear_faults(self, server: str | None = None) -> None:
+        self._ok(self.admin.delete("/faults", params={"server": server} if server else None))
+
+    def requests(self, server: str | None = None, since: int = 0) -> list[dict]:
+        params: dict[str, Any] = {"since": since}
+        if server:
+            params["server"] = server
+        return self._ok(self.admin.get("/requests", params=params))
+
+    def last_request_seq(self) -> int:
+        entries = self.requests()
+        return entries[-1]["seq"] if entries else 0
+
+    def configure(self, **settings: Any) -> dict:
+        """Change time scale or quotas of the running sandbox."""
+        return self._ok(self.admin.post("/config", json=settings))
+
+    def hub(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Call the Hub stand-in's admin API (``/_sandbox/hub/...``): create repos, commits, grants."""
+        return self._ok(self.admin.request(method, f"/hub{path}", **kwargs))
+
+    def run(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Call the Cloud Run stand-in's admin API (``/_sandbox/run/...``): instance faults, logs."""
+        return self._ok(self.admin.request(method, f"/run{path}", **kwargs))
+
+    def stop(self) -> None:
+        self.admin.close()
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> SandboxHandle:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

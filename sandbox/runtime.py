@@ -1,0 +1,117 @@
+"""One running sandbox: every stand-in on loopback, driven by one asyncio loop in one process.
+
+Pieces: the Hub and its CDN (two origins, as huggingface_hub expects), fake-gcs-server (a child process),
+and the control plane (Google REST APIs as modules, plus the ``/_sandbox`` admin API). Cloud Run services
+add their own front-end ports and launch vLLM stand-ins as child processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute, Mount
+
+from sandbox.admin import admin_routes
+from sandbox.config import SANDBOX_HF_TOKEN, SandboxConfig
+from sandbox.control.errors import GoogleApiError, google_error_handler
+from sandbox.control.run import CloudRun
+from sandbox.faults import FaultMiddleware, FaultRegistry
+from sandbox.gcs import FakeGcs, start_fake_gcs
+from sandbox.hub.app import build_cdn_app, build_hub_app, hub_admin_routes
+from sandbox.hub.state import HubState, seed_default_repos
+from sandbox.serving import ServedApp, serve_app
+
+INFO_FILE = "sandbox.json"
+
+
+class SandboxRuntime:
+    """Starts, describes and stops all stand-ins of one sandbox."""
+
+    def __init__(self, state_dir: Path, config: SandboxConfig | None = None) -> None:
+        self.state_dir = state_dir
+        self.config = config or SandboxConfig()
+        self.faults = FaultRegistry()
+        self.hub = HubState()
+        self.gcs: FakeGcs | None = None
+        self.run: CloudRun | None = None
+        self.servers: dict[str, ServedApp] = {}
+
+    async def start(self) -> dict:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.gcs = await asyncio.to_thread(start_fake_gcs, self.state_dir / "gcs")
+        if self.config.seed_models:
+            seed_default_repos(self.hub)
+        cdn = await serve_app(FaultMiddleware(build_cdn_app(self.hub), "cdn", self.faults), "cdn")
+        self.servers["cdn"] = cdn
+        self.hub.cdn_url = cdn.url
+        self.servers["hub"] = await serve_app(FaultMiddleware(build_hub_app(self.hub), "hub", self.faults), "hub")
+        self.run = CloudRun(self.config, self.faults, gcs_url=self.gcs.url, state_dir=self.state_dir / "run")
+        control = Starlette(
+            routes=self._control_routes(),
+            exception_handlers={GoogleApiError: google_error_handler},
+        )
+        self.servers["control"] = await serve_app(
+            FaultMiddleware(control, "control", self.faults, record_bodies=True), "control"
+        )
+        self.run.control_url = self.servers["control"].url
+        info = self.info()
+        path = self.state_dir / INFO_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info, indent=2))
+        tmp.replace(path)  # readers never see half a file
+        return info
+
+    def _control_routes(self) -> list[BaseRoute]:
+        assert self.run is not None
+        return [
+            Mount("/_sandbox/hub", routes=hub_admin_routes(self.hub)),
+            Mount("/_sandbox", routes=admin_routes(self)),
+            *self.run.routes(),
+        ]
+
+    def info(self) -> dict:
+        """What a client needs: URLs, a ready-to-use GcpTarget and ModelSource settings."""
+        control = self.servers["control"].url
+        assert self.gcs is not None
+        return {
+            "pid": os.getpid(),
+            "state_dir": str(self.state_dir),
+            "control_url": control,
+            "hub_url": self.servers["hub"].url,
+            "cdn_url": self.servers["cdn"].url,
+            "gcs_url": self.gcs.url,
+            "time_scale": self.config.time_scale,
+            "target": {
+                "project": self.config.project,
+                "region": self.config.region,
+                "anonymous_credentials": True,
+                "endpoints": {
+                    "run": control,
+                    "cloudbuild": control,
+                    "compute": control,
+                    "iam": control,
+                    "secretmanager": control,
+                    "artifactregistry": control,
+                    "logging": control,
+                    "storage": self.gcs.url,
+                },
+                "operation_poll_seconds": 0.05,
+            },
+            "hub": {
+                "endpoint": self.servers["hub"].url,
+                "token": SANDBOX_HF_TOKEN,
+                "repos": sorted(self.hub.repos),
+            },
+        }
+
+    async def stop(self) -> None:
+        if self.run is not None:
+            await self.run.shutdown()
+        for server in reversed(list(self.servers.values())):
+            await server.stop()
+        if self.gcs is not None:
+            await asyncio.to_thread(self.gcs.stop)

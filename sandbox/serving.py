@@ -1,0 +1,81 @@
+"""Serve ASGI apps on loopback ports from inside one asyncio loop.
+
+Every sandbox URL (Hub, CDN, control plane, each Cloud Run service and tag URL) is its own port, so a client
+sees a real origin. Sockets are bound before the server starts, so the URL is known at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass, field
+
+import uvicorn
+
+LOOPBACK = "127.0.0.1"
+
+
+def bind_loopback(port: int = 0) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1 (a free port when ``port`` is 0)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, port))
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (for child processes that bind it themselves)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+class _SignalFreeServer(uvicorn.Server):
+    """uvicorn would take over SIGINT/SIGTERM; the sandbox process owns them and runs many servers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+@dataclass
+class ServedApp:
+    """An ASGI app served on one loopback socket by a uvicorn server running as a task."""
+
+    name: str
+    url: str
+    server: uvicorn.Server
+    task: asyncio.Task = field(repr=False)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.task), timeout=5)
+        if not self.task.done():
+            self.task.cancel()
+
+
+async def serve_app(app, name: str, port: int = 0) -> ServedApp:
+    """Start serving ``app`` on 127.0.0.1 and return once it accepts connections."""
+    sock = bind_loopback(port)
+    config = uvicorn.Config(
+        app,
+        log_level=logging.WARNING,
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=30,
+        # The Hub and Cloud Run front ends see bursts of parallel downloads and probes.
+        backlog=512,
+    )
+    server = _SignalFreeServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name=f"serve-{name}")
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.005)
+    host, bound_port = sock.getsockname()
+    return ServedApp(name=name, url=f"http://{host}:{bound_port}", server=server, task=task)

@@ -1,0 +1,39 @@
+"""Shared fixtures: one sandbox process and one Prefect harness for the whole session."""
+
+from __future__ import annotations
+
+import os
+
+# Before huggingface_hub is imported anywhere: no Xet, no telemetry, never the real Hub.
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # a closed port: a test that forgets endpoint= fails loudly
+os.environ.pop("HF_TOKEN", None)
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from sandbox.handle import SandboxHandle  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxHandle]:
+    """A running sandbox (all stand-ins on loopback) shared by the session; faults are reset per test."""
+    state_dir: Path = tmp_path_factory.mktemp("sandbox")
+    handle = SandboxHandle.start(state_dir)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture
+def sb(sandbox: SandboxHandle) -> Iterator[SandboxHandle]:
+    """The session sandbox with no faults left over from another test."""
+    sandbox.clear_faults()
+    yield sandbox
+    sandbox.clear_faults()
