@@ -15,15 +15,15 @@ from sandbox.config import SandboxConfig
 def _usage(info: dict) -> str:
     return f"""Sandbox is up. Everything listens on loopback; nothing here reaches Google or Hugging Face.
 
-  control plane (Cloud Run, Cloud Build, Compute, IAM, ...): {info['control_url']}
-  Hugging Face Hub stand-in:                                 {info['hub_url']}  (CDN {info['cdn_url']})
-  GCS emulator (fake-gcs-server):                            {info['gcs_url']}
-  Hub repos: {', '.join(info['hub']['repos'])}
+  control plane (Cloud Run, Cloud Build, Compute, IAM, ...): {info["control_url"]}
+  Hugging Face Hub stand-in:                                 {info["hub_url"]}  (CDN {info["cdn_url"]})
+  GCS emulator (fake-gcs-server):                            {info["gcs_url"]}
+  Hub repos: {", ".join(info["hub"]["repos"])}
 
-Point the product at it with the target in {info['state_dir']}/sandbox.json, e.g.
-  export HF_ENDPOINT={info['hub_url']} HF_TOKEN={info['hub']['token']} HF_HUB_DISABLE_XET=1
-  python -c "import json; print(json.load(open('{info['state_dir']}/sandbox.json'))['target'])"
-Inject faults with POST {info['control_url']}/_sandbox/faults  (see sandbox/faults.py).
+Point the product at it with the target in {info["state_dir"]}/sandbox.json, e.g.
+  export HF_ENDPOINT={info["hub_url"]} HF_TOKEN={info["hub"]["token"]} HF_HUB_DISABLE_XET=1
+  python -c "import json; print(json.load(open('{info["state_dir"]}/sandbox.json'))['target'])"
+Inject faults with POST {info["control_url"]}/_sandbox/faults  (see sandbox/faults.py).
 Ctrl-C stops it.
 """
 

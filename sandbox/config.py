@@ -25,9 +25,7 @@ class SandboxConfig(BaseModel):
         default_factory=lambda: {"nvidia-l4": 3, "nvidia-rtx-pro-6000": 1},
         description="GPUs per project and region without zonal redundancy (FACTS.md: 3 for a first L4 deploy)",
     )
-    zonal_redundancy_gpu_quota: int = Field(
-        0, ge=0, description="GPUs with zonal redundancy; new projects have none"
-    )
+    zonal_redundancy_gpu_quota: int = Field(0, ge=0, description="GPUs with zonal redundancy; new projects have none")
     cpu_quota: float = Field(200, description="regional vCPU quota for Cloud Run")
     memory_quota_gib: float = Field(800, description="regional memory quota for Cloud Run, GiB")
     seed_models: bool = Field(True, description="publish the default generated repos on the Hub stand-in")

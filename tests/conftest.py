@@ -12,12 +12,12 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # a closed port: a test that f
 os.environ.pop("HF_TOKEN", None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+from collections.abc import Iterator
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
-from sandbox.handle import SandboxHandle  # noqa: E402
+from sandbox.handle import SandboxHandle
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +37,11 @@ def sb(sandbox: SandboxHandle) -> Iterator[SandboxHandle]:
     sandbox.clear_faults()
     yield sandbox
     sandbox.clear_faults()
+
+
+@pytest.fixture(scope="session")
+def sandbox_target(sandbox: SandboxHandle):
+    """A GcpTarget pointing at the session sandbox (what `python -m sandbox up` prints)."""
+    from blocks.target import GcpTarget
+
+    return GcpTarget.model_validate(sandbox.target)

@@ -1,16 +1,634 @@
-"""STUB"""
+"""Cloud Run Admin API v2 for services, revisions, operations and IAM, as the REST clients call it.
+
+Paths, JSON and long-running operations follow FACTS.md. A template change makes an immutable revision
+whose container really starts (instances.py); the create/update operation finishes when that revision is
+ready, or fails with Cloud Run's message while traffic stays on the last serving revision.
+"""
+
 from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from google.cloud import run_v2
+from google.longrunning import operations_pb2
+from google.protobuf import any_pb2, json_format
+from google.rpc import status_pb2
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from sandbox.config import SandboxConfig
+from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
+from sandbox.control.run import resources as res
+from sandbox.control.run.frontend import FrontEnd, Routing
+from sandbox.control.run.images import DRIVERS, image_behaviour
+from sandbox.control.run.instances import Instance, InstanceSpec
+from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag
+from sandbox.faults import FaultMiddleware, FaultRegistry
+from sandbox.serving import ServedApp, serve_app
+
+State = run_v2.Condition.State
+LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
+BY_REVISION = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
+INVOKER = "roles/run.invoker"
+PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
+# User-settable top-level fields a PATCH without updateMask replaces.
+MUTABLE_FIELDS = (
+    "description",
+    "labels",
+    "annotations",
+    "client",
+    "client_version",
+    "ingress",
+    "launch_stage",
+    "binary_authorization",
+    "template",
+    "traffic",
+    "scaling",
+    "invoker_iam_disabled",
+    "default_uri_disabled",
+    "custom_audiences",
+)
+
+
+@dataclass
+class ServiceRecord:
+    """A service with its revisions, effective routing and front ends."""
+
+    service_id: str
+    service: run_v2.Service
+    revisions: dict[str, run_v2.Revision] = field(default_factory=dict)
+    fingerprints: dict[str, bytes] = field(default_factory=dict)
+    routes: list[tuple[str, int]] = field(default_factory=list)
+    tag_routes: dict[str, str] = field(default_factory=dict)
+    frontends: dict[str, ServedApp] = field(default_factory=dict)  # "" = the service URL, else the tag
+    policy: dict = field(default_factory=lambda: {"version": 1, "etag": "ACAB", "bindings": []})
+    next_generation: int = 1
+    pending_faults: list[dict] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    rollouts: set[asyncio.Task] = field(default_factory=set)
+
+    @property
+    def public(self) -> bool:
+        if self.service.invoker_iam_disabled:
+            return True
+        return any(
+            b.get("role") == INVOKER and PUBLIC_MEMBERS & set(b.get("members", [])) for b in self.policy["bindings"]
+        )
 
 
 class CloudRun:
-    def __init__(self, config, faults, gcs_url, state_dir):
+    """Services, revisions, operations and IAM policies of one sandbox project."""
+
+    def __init__(self, config: SandboxConfig, faults: FaultRegistry, gcs_url: str, state_dir: Path) -> None:
+        self.config = config
+        self.faults = faults
+        self.gcs_url = gcs_url
+        self.state_dir = state_dir
         self.control_url = ""
+        self.services: dict[str, ServiceRecord] = {}
+        self.operations: dict[str, operations_pb2.Operation] = {}
+        self.instances: dict[str, Instance] = {}  # by full revision name
+        self._starting: dict[str, asyncio.Task] = {}
+        self._http: httpx.AsyncClient | None = None
 
-    def routes(self):
-        return []
+    # Routing ----------------------------------------------------------------------------------------------
+    def routes(self) -> list[BaseRoute]:
+        base = "/v2/projects/{project}/locations/{location}"
+        return [
+            Route(f"{base}/services", self.list_services, methods=["GET"]),
+            Route(f"{base}/services", self.create_service, methods=["POST"]),
+            Route(f"{base}/services/{{service}}", self.service_get_or_iam, methods=["GET"]),
+            Route(f"{base}/services/{{service}}", self.service_post_iam, methods=["POST"]),
+            Route(f"{base}/services/{{service}}", self.update_service, methods=["PATCH"]),
+            Route(f"{base}/services/{{service}}", self.delete_service, methods=["DELETE"]),
+            Route(f"{base}/services/{{service}}/revisions", self.list_revisions, methods=["GET"]),
+            Route(f"{base}/services/{{service}}/revisions/{{revision}}", self.get_revision, methods=["GET"]),
+            Route(f"{base}/services/{{service}}/revisions/{{revision}}", self.delete_revision, methods=["DELETE"]),
+            Route(f"{base}/operations/{{operation}}", self.get_operation, methods=["GET"]),
+            Route(f"{base}/operations/{{operation}}", self.wait_operation, methods=["POST"]),
+            Route(f"{base}/operations/{{operation}}", self.delete_operation, methods=["DELETE"]),
+        ]
 
-    def admin_routes(self):
-        return []
+    def admin_routes(self) -> list[BaseRoute]:
+        return [
+            Route("/faults", self.admin_instance_faults, methods=["POST"]),
+            Route("/logs/{revision}", self.admin_logs, methods=["GET"]),
+            Route("/instances", self.admin_instances, methods=["GET"]),
+        ]
 
-    async def shutdown(self):
-        pass
+    def _location(self, request: Request) -> str:
+        project, location = request.path_params["project"], request.path_params["location"]
+        if project != self.config.project:
+            raise GoogleApiError(
+                403, f"Permission 'run.services.list' denied on resource 'projects/{project}' (or it may not exist)."
+            )
+        return f"projects/{project}/locations/{location}"
+
+    def _record(self, request: Request, service_id: str | None = None) -> ServiceRecord:
+        parent = self._location(request)
+        service_id = service_id or request.path_params["service"]
+        record = self.services.get(f"{parent}/services/{service_id}")
+        if record is None:
+            raise not_found(
+                f"Resource '{service_id}' of kind 'SERVICE' in region '{request.path_params['location']}' "
+                f"in project '{request.path_params['project']}' does not exist."
+            )
+        return record
+
+    # Services ---------------------------------------------------------------------------------------------
+    async def list_services(self, request: Request) -> JSONResponse:
+        parent = self._location(request)
+        found = [res.to_dict(r.service) for key, r in self.services.items() if key.startswith(parent + "/")]
+        return JSONResponse({"services": found} if found else {})
+
+    async def create_service(self, request: Request) -> JSONResponse:
+        parent = self._location(request)
+        service_id = request.query_params.get("serviceId", "")
+        check_service_id(service_id)
+        name = f"{parent}/services/{service_id}"
+        if name in self.services:
+            raise already_exists(f"Resource '{service_id}' already exists.")
+        spec = await self._parse_service(request)
+        if spec.name and spec.name != name:
+            raise invalid_argument("service.name: must be empty when creating a service")
+        validate_only = request.query_params.get("validateOnly") == "true"
+        self._validate(spec, service_id, request.path_params["location"])
+        if validate_only:
+            return self._operation_json(self._new_operation(parent, done_with=spec))
+        if not spec.traffic:
+            spec.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=100)]
+        record = ServiceRecord(service_id=service_id, service=run_v2.Service(name=name, uid=str(uuid.uuid4())))
+        self.services[name] = record
+        record.frontends[""] = await self._serve_frontend(record, "")
+        record.service.uri = record.frontends[""].url
+        record.service.urls = [record.service.uri]
+        record.service.create_time = res.now()
+        record.service.creator = "sandbox-user@example.com"
+        return self._operation_json(await self._apply(record, spec, parent, creating=True))
+
+    async def update_service(self, request: Request) -> JSONResponse:
+        parent = self._location(request)
+        service_id = request.path_params["service"]
+        name = f"{parent}/services/{service_id}"
+        spec = await self._parse_service(request)
+        record = self.services.get(name)
+        if record is None:
+            if request.query_params.get("allowMissing") != "true":
+                raise not_found(f"Resource '{service_id}' of kind 'SERVICE' does not exist.")
+            request.scope["query_string"] = f"serviceId={service_id}".encode()
+            return await self.create_service(request)
+        if spec.etag and spec.etag != record.service.etag:
+            raise GoogleApiError(409, f"Etag mismatch for service '{service_id}'; read it again.", "ABORTED")
+        merged = run_v2.Service(record.service)
+        mask = [p for p in request.query_params.get("updateMask", "").split(",") if p]
+        paths = [_snake(p.split(".")[0]) for p in mask] or list(MUTABLE_FIELDS)
+        for path in paths:
+            if path not in MUTABLE_FIELDS:
+                raise invalid_argument(f"update_mask: field '{path}' cannot be updated")
+            setattr(merged, path, getattr(spec, path))
+        self._validate(merged, service_id, request.path_params["location"])
+        if request.query_params.get("validateOnly") == "true":
+            return self._operation_json(self._new_operation(parent, done_with=merged))
+        if not merged.traffic:
+            merged.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=100)]
+        return self._operation_json(await self._apply(record, merged, parent, creating=False))
+
+    async def service_get_or_iam(self, request: Request) -> Response:
+        service_id, _, verb = request.path_params["service"].partition(":")
+        record = self._record(request, service_id)
+        if verb == "getIamPolicy":
+            return JSONResponse(record.policy)
+        if verb:
+            raise not_found(f"Method '{verb}' not found.")
+        return JSONResponse(res.to_dict(record.service))
+
+    async def service_post_iam(self, request: Request) -> Response:
+        service_id, _, verb = request.path_params["service"].partition(":")
+        record = self._record(request, service_id)
+        body = await request.json()
+        if verb == "setIamPolicy":
+            policy = body.get("policy", {})
+            if policy.get("etag") and policy["etag"] != record.policy["etag"]:
+                raise GoogleApiError(
+                    409,
+                    "There were concurrent policy changes. Please retry the whole read-modify-write with "
+                    "exponential backoff.",
+                    "ABORTED",
+                )
+            record.policy = {
+                "version": policy.get("version", 1),
+                "etag": base64.b64encode(secrets.token_bytes(8)).decode(),
+                "bindings": [b for b in policy.get("bindings", []) if b.get("members")],
+            }
+            return JSONResponse(record.policy)
+        if verb == "testIamPermissions":
+            return JSONResponse({"permissions": body.get("permissions", [])})
+        raise not_found(f"Method '{verb}' not found.")
+
+    async def delete_service(self, request: Request) -> JSONResponse:
+        parent = self._location(request)
+        record = self._record(request)
+        del self.services[record.service.name]
+        for task in record.rollouts:
+            task.cancel()
+        for revision in record.revisions:
+            await self._stop_instance(revision)
+        for served in record.frontends.values():
+            await served.stop()
+        record.service.delete_time = res.now()
+        return self._operation_json(self._new_operation(parent, done_with=record.service))
+
+    # Revisions --------------------------------------------------------------------------------------------
+    async def list_revisions(self, request: Request) -> JSONResponse:
+        record = self._record(request)
+        found = [res.to_dict(r) for r in reversed(record.revisions.values())]
+        return JSONResponse({"revisions": found} if found else {})
+
+    def _revision(self, request: Request) -> tuple[ServiceRecord, run_v2.Revision]:
+        record = self._record(request)
+        revision = record.revisions.get(f"{record.service.name}/revisions/{request.path_params['revision']}")
+        if revision is None:
+            raise not_found(f"Revision '{request.path_params['revision']}' does not exist.")
+        return record, revision
+
+    async def get_revision(self, request: Request) -> JSONResponse:
+        return JSONResponse(res.to_dict(self._revision(request)[1]))
+
+    async def delete_revision(self, request: Request) -> JSONResponse:
+        record, revision = self._revision(request)
+        short = revision.name.rsplit("/", 1)[1]
+        if any(r == short for r, pct in record.routes if pct) or short in record.tag_routes.values():
+            raise GoogleApiError(
+                400,
+                f"Revision '{short}' is receiving traffic or is tagged; move its traffic first.",
+                "FAILED_PRECONDITION",
+            )
+        del record.revisions[revision.name]
+        await self._stop_instance(revision.name)
+        return self._operation_json(self._new_operation(self._location(request), done_with=revision))
+
+    # Operations -------------------------------------------------------------------------------------------
+    def _new_operation(self, parent: str, done_with=None) -> operations_pb2.Operation:
+        op = operations_pb2.Operation(name=f"{parent}/operations/{uuid.uuid4()}")
+        if done_with is not None:
+            self._finish(op, done_with)
+        self.operations[op.name] = op
+        return op
+
+    @staticmethod
+    def _finish(op: operations_pb2.Operation, result=None, error: GoogleApiError | None = None) -> None:
+        if error is not None:
+            op.error.CopyFrom(status_pb2.Status(code=GRPC_CODES.get(error.status, 2), message=error.message))
+        else:
+            packed = any_pb2.Any()
+            packed.Pack(type(result).pb(result))
+            op.response.CopyFrom(packed)
+        op.done = True
+
+    def _operation_json(self, op: operations_pb2.Operation) -> JSONResponse:
+        return JSONResponse(json_format.MessageToDict(op))
+
+    def _operation(self, request: Request) -> operations_pb2.Operation:
+        name = f"{self._location(request)}/operations/{request.path_params['operation'].partition(':')[0]}"
+        op = self.operations.get(name)
+        if op is None:
+            raise not_found(f"Operation '{name}' does not exist.")
+        return op
+
+    async def get_operation(self, request: Request) -> JSONResponse:
+        return self._operation_json(self._operation(request))
+
+    async def wait_operation(self, request: Request) -> JSONResponse:
+        op = self._operation(request)
+        if not request.path_params["operation"].endswith(":wait"):
+            raise not_found("Method not found.")
+        body = await request.json() if await request.body() else {}
+        timeout = float(str(body.get("timeout", "60s")).rstrip("s"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not op.done and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        return self._operation_json(op)
+
+    async def delete_operation(self, request: Request) -> JSONResponse:
+        op = self._operation(request)
+        del self.operations[op.name]
+        return JSONResponse({})
+
+    # Rollout ----------------------------------------------------------------------------------------------
+    async def _parse_service(self, request: Request) -> run_v2.Service:
+        raw = await request.body()
+        try:
+            return run_v2.Service.from_json(raw or b"{}")
+        except (json_format.ParseError, ValueError) as exc:
+            raise invalid_argument(f"Invalid JSON payload received. {exc}") from None
+
+    def _validate(self, spec: run_v2.Service, service_id: str, region: str) -> None:
+        check_service(spec, service_id, region, self.config)
+        if not spec.template.containers:
+            return
+        image = spec.template.containers[0].image
+        if image_behaviour(image) is None:
+            raise invalid_argument(
+                f"spec.template.spec.containers[0].image: Image '{image}' not found. Make sure the image exists "
+                "and that the service agent can pull it."
+            )
+
+    async def _apply(
+        self, record: ServiceRecord, spec: run_v2.Service, parent: str, creating: bool
+    ) -> operations_pb2.Operation:
+        """Store the new spec; roll out a new revision if the template changed; finish traffic afterwards."""
+        async with record.lock:
+            service = record.service
+            template = res.with_defaults(spec.template)
+            revision_id = template.revision
+            existing = f"{service.name}/revisions/{revision_id}" if revision_id else None
+            fingerprint = res.template_fingerprint(template)
+            if existing and existing in record.revisions and record.fingerprints[existing] != fingerprint:
+                raise GoogleApiError(
+                    409,
+                    f"Revision named '{revision_id}' with different configuration already exists.",
+                    "ALREADY_EXISTS",
+                )
+            current = service.latest_created_revision
+            changed = creating or (
+                not (existing and existing in record.revisions)
+                and (not current or record.fingerprints.get(current) != fingerprint)
+            )
+            new_revision = None
+            if changed:
+                revision_id = revision_id or res.new_revision_name(record.service_id, record.next_generation)
+                new_revision = f"{service.name}/revisions/{revision_id}"
+            self._check_traffic_targets(record, spec, revision_id if changed else None)
+            for name in MUTABLE_FIELDS:
+                if name != "template":
+                    setattr(service, name, getattr(spec, name))
+            service.template = spec.template
+            service.generation = service.generation + 1
+            service.update_time = res.now()
+            service.last_modifier = "sandbox-user@example.com"
+            service.reconciling = True
+            op = self._new_operation(parent)
+            if new_revision is not None:
+                record.next_generation += 1
+                log_uri = f"{self.control_url}/_sandbox/run/logs/{revision_id}"
+                revision = res.revision_from_template(service.name, revision_id, template, log_uri)
+                record.revisions[new_revision] = revision
+                record.fingerprints[new_revision] = fingerprint
+                service.latest_created_revision = new_revision
+                service.terminal_condition = res.condition("Ready", State.CONDITION_RECONCILING)
+                task = asyncio.create_task(self._roll_out(record, new_revision, op))
+                record.rollouts.add(task)
+                task.add_done_callback(record.rollouts.discard)
+            else:
+                await self._route(record, op)
+            service.etag = res.etag_of(service)
+            return op
+
+    def _check_traffic_targets(self, record: ServiceRecord, spec: run_v2.Service, creating: str | None) -> None:
+        total, tags = 0, set()
+        for target in spec.traffic:
+            total += target.percent
+            if target.tag:
+                check_tag(record.service_id, target.tag)
+                if target.tag in tags:
+                    raise invalid_argument(f"spec.traffic: tag '{target.tag}' is used more than once")
+                tags.add(target.tag)
+            if target.type_ == BY_REVISION or target.revision:
+                name = f"{record.service.name}/revisions/{target.revision}"
+                if target.revision != creating and name not in record.revisions:
+                    raise invalid_argument(f"spec.traffic: Revision '{target.revision}' does not exist.")
+        if spec.traffic and total != 100:
+            raise invalid_argument(f"spec.traffic: percentages must add up to 100, got {total}")
+
+    async def _roll_out(self, record: ServiceRecord, revision_name: str, op: operations_pb2.Operation) -> None:
+        revision = record.revisions[revision_name]
+        short = revision_name.rsplit("/", 1)[1]
+        faults = record.pending_faults.pop(0) if record.pending_faults else {}
+        try:
+            outcome = await self._start_instance(record, revision, faults)
+        except Exception as exc:  # a sandbox bug must still end the operation
+            self._finish(op, error=GoogleApiError(500, f"sandbox: {exc!r}", "INTERNAL"))
+            raise
+        port = revision.containers[0].ports[0].container_port if revision.containers[0].ports else 8080
+        if outcome is None or not outcome.ready:
+            exit_code = outcome.exit_code if outcome else None
+            message = res.not_ready_message(short, port, revision.log_uri, exit_code)
+            revision.conditions = [
+                res.condition(
+                    "Ready",
+                    State.CONDITION_FAILED,
+                    message,
+                    revision_reason=run_v2.Condition.RevisionReason.HEALTH_CHECK_CONTAINER_ERROR,
+                ),
+                res.condition("ContainerHealthy", State.CONDITION_FAILED, message),
+                res.condition("ResourcesAvailable", State.CONDITION_SUCCEEDED),
+            ]
+            revision.reconciling = False
+            service = record.service
+            service.reconciling = False
+            service.terminal_condition = res.condition(
+                "Ready", State.CONDITION_FAILED, message, reason=run_v2.Condition.CommonReason.REVISION_FAILED
+            )
+            service.conditions = [
+                res.condition("RoutesReady", State.CONDITION_FAILED, message),
+                res.condition("ConfigurationsReady", State.CONDITION_FAILED, message),
+            ]
+            service.observed_generation = service.generation
+            self._finish(op, error=GoogleApiError(400, message, "FAILED_PRECONDITION"))
+            return
+        revision.conditions = [
+            res.condition("Ready", State.CONDITION_SUCCEEDED),
+            res.condition("ContainerHealthy", State.CONDITION_SUCCEEDED),
+            res.condition("ResourcesAvailable", State.CONDITION_SUCCEEDED),
+        ]
+        revision.reconciling = False
+        revision.observed_generation = 1
+        record.service.latest_ready_revision = revision_name
+        async with record.lock:
+            await self._route(record, op)
+
+    def _ready(self, revision: run_v2.Revision | None) -> bool:
+        return revision is not None and any(
+            c.type_ == "Ready" and c.state == State.CONDITION_SUCCEEDED for c in revision.conditions
+        )
+
+    async def _route(self, record: ServiceRecord, op: operations_pb2.Operation) -> None:
+        """Make the spec's traffic effective, or fail the operation and leave routing as it was."""
+        service = record.service
+        routes: dict[str, int] = {}
+        tags: dict[str, str] = {}
+        statuses = []
+        for target in service.traffic:
+            if target.type_ == LATEST and not target.revision:
+                name = service.latest_ready_revision
+                short = name.rsplit("/", 1)[1] if name else ""
+            else:
+                short = target.revision
+                name = f"{service.name}/revisions/{short}"
+            if not self._ready(record.revisions.get(name)):
+                message = f"Revision '{short or '(latest)'}' is not ready and cannot serve traffic."
+                service.terminal_condition = res.condition("Ready", State.CONDITION_FAILED, message)
+                service.reconciling = False
+                self._finish(op, error=GoogleApiError(400, message, "FAILED_PRECONDITION"))
+                return
+            routes[short] = routes.get(short, 0) + target.percent
+            status = run_v2.TrafficTargetStatus(
+                type_=target.type_ or BY_REVISION, revision=short, percent=target.percent, tag=target.tag
+            )
+            if target.tag:
+                tags[target.tag] = short
+                if target.tag not in record.frontends:
+                    record.frontends[target.tag] = await self._serve_frontend(record, target.tag)
+                status.uri = record.frontends[target.tag].url
+            statuses.append(status)
+        for tag in set(record.frontends) - set(tags) - {""}:
+            await record.frontends.pop(tag).stop()
+        record.routes = list(routes.items())
+        record.tag_routes = tags
+        service.traffic_statuses = statuses
+        service.reconciling = False
+        service.observed_generation = service.generation
+        service.terminal_condition = res.condition("Ready", State.CONDITION_SUCCEEDED)
+        service.conditions = [
+            res.condition("RoutesReady", State.CONDITION_SUCCEEDED),
+            res.condition("ConfigurationsReady", State.CONDITION_SUCCEEDED),
+        ]
+        service.etag = res.etag_of(service)
+        self._finish(op, service)
+        await self._retire_unrouted(record)
+
+    async def _retire_unrouted(self, record: ServiceRecord) -> None:
+        """Stop instances of revisions that no URL can reach any more (Cloud Run scales them to zero)."""
+        routed = {r for r, pct in record.routes if pct} | set(record.tag_routes.values())
+        for name in list(record.revisions):
+            if name.rsplit("/", 1)[1] not in routed and name != record.service.latest_created_revision:
+                await self._stop_instance(name)
+
+    # Instances --------------------------------------------------------------------------------------------
+    def _instance_spec(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict) -> InstanceSpec:
+        container = next((c for c in revision.containers if c.ports), revision.containers[0])
+        behaviour = image_behaviour(container.image)
+        assert behaviour is not None
+        accelerator = revision.node_selector.accelerator if dict(container.resources.limits).get(GPU_LIMIT_KEY) else ""
+        env = {e.name: e.value for e in container.env if not e.value_source}
+        entrypoint = behaviour.entrypoint
+        argv = list(container.args)
+        if container.command:
+            entrypoint, argv = "exec-args", [*container.command, *argv]
+        return InstanceSpec(
+            revision=revision.name.rsplit("/", 1)[1],
+            argv=argv,
+            env=env,
+            entrypoint=entrypoint,
+            image_cuda=behaviour.cuda,
+            accelerator=accelerator,
+            driver_cuda=DRIVERS[accelerator].cuda if accelerator else 0,
+            container_port=container.ports[0].container_port if container.ports else res.DEFAULT_PORT,
+            probe=res.startup_probe(container),
+            mounts=res.gcs_mounts(revision_template_view(revision), container),
+            faults=faults,
+        )
+
+    async def _start_instance(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict):
+        spec = self._instance_spec(record, revision, faults)
+        workdir = self.state_dir / record.service_id / spec.revision
+        shutil.rmtree(workdir / "root", ignore_errors=True)
+        workdir.mkdir(parents=True, exist_ok=True)
+        instance = Instance(spec, workdir, self.gcs_url, self.config.time_scale)
+        self.instances[revision.name] = instance
+        return await instance.start()
+
+    async def _instance_url(self, record: ServiceRecord, short: str) -> str | None:
+        """The instance serving ``short``; cold-starts one if the revision is routable but scaled to zero."""
+        name = f"{record.service.name}/revisions/{short}"
+        instance = self.instances.get(name)
+        if instance is not None and instance.running:
+            return instance.url
+        revision = record.revisions.get(name)
+        if not self._ready(revision):
+            return None
+        task = self._starting.get(name)
+        if task is None:
+            task = asyncio.create_task(self._start_instance(record, revision, {}))
+            self._starting[name] = task
+            task.add_done_callback(lambda _: self._starting.pop(name, None))
+        outcome = await asyncio.shield(task)
+        return self.instances[name].url if outcome.ready else None
+
+    async def _stop_instance(self, revision_name: str) -> None:
+        instance = self.instances.pop(revision_name, None)
+        if instance is not None:
+            await instance.stop()
+
+    async def _serve_frontend(self, record: ServiceRecord, tag: str) -> ServedApp:
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(3600, connect=5),
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+            )
+
+        def routing() -> Routing | None:
+            if record.service.name not in self.services:
+                return None
+            if tag:
+                revision = record.tag_routes.get(tag)
+                return Routing(record.public, [(revision, 100)] if revision else [])
+            return Routing(record.public, list(record.routes))
+
+        app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http)
+        server = f"run:{record.service_id}" + (f":{tag}" if tag else "")
+        return await serve_app(FaultMiddleware(app, server, self.faults), server)
+
+    async def shutdown(self) -> None:
+        for record in self.services.values():
+            for task in record.rollouts:
+                task.cancel()
+            for served in record.frontends.values():
+                await served.stop()
+        for name in list(self.instances):
+            await self._stop_instance(name)
+        if self._http is not None:
+            await self._http.aclose()
+
+    # Admin ------------------------------------------------------------------------------------------------
+    async def admin_instance_faults(self, request: Request) -> JSONResponse:
+        """``{"service": id, "faults": {...}, "revisions": n}``: the next n revisions start with these faults."""
+        body = await request.json()
+        matches = [r for r in self.services.values() if r.service_id == body.get("service")]
+        if not matches:
+            return JSONResponse({"error": f"no service {body.get('service')!r}"}, status_code=404)
+        for record in matches:
+            record.pending_faults.extend([body.get("faults", {})] * int(body.get("revisions", 1)))
+        return JSONResponse({"queued": len(matches)})
+
+    async def admin_logs(self, request: Request) -> Response:
+        short = request.path_params["revision"]
+        for name, instance in self.instances.items():
+            if name.endswith(f"/revisions/{short}"):
+                return PlainTextResponse(instance.log_path.read_text(errors="replace"))
+        for path in self.state_dir.glob(f"*/{short}/container.log"):
+            return PlainTextResponse(path.read_text(errors="replace"))
+        return PlainTextResponse(f"no logs for revision {short}", status_code=404)
+
+    async def admin_instances(self, _: Request) -> JSONResponse:
+        return JSONResponse(
+            [{"revision": name, "running": i.running, "url": i.url} for name, i in self.instances.items()]
+        )
+
+
+def revision_template_view(revision: run_v2.Revision) -> run_v2.RevisionTemplate:
+    """The volume part of a revision, in template form (the stand-in's mount table reads it)."""
+    return run_v2.RevisionTemplate(volumes=list(revision.volumes))
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)

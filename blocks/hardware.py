@@ -1,0 +1,49 @@
+"""Cloud Run GPU facts the product plans with (FACTS.md, Cloud Run paragraph; seed 001 for prices)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+GpuTypeName = Literal["nvidia-l4", "nvidia-rtx-pro-6000"]
+
+MODEL_GARDEN_VLLM_IMAGE = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:gemma4"
+"""Google's Model Garden vLLM build, pinned by the tag seed 000 deployed; runs on the L4's CUDA 12.2 driver."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    memory_gb: int
+    min_cpu: int
+    min_memory_gib: int
+    driver_cuda: str
+    regions: frozenset[str]
+    hourly_usd: float
+    """GPU price per hour without zonal redundancy (us-central1, 2026-08)."""
+
+
+GPUS: dict[str, GpuSpec] = {
+    "nvidia-l4": GpuSpec(
+        memory_gb=24,
+        min_cpu=4,
+        min_memory_gib=16,
+        driver_cuda="12.2",
+        regions=frozenset(
+            {"asia-southeast1", "asia-south1", "europe-west1", "europe-west4", "us-central1", "us-east4"}
+        ),
+        hourly_usd=0.672,
+    ),
+    "nvidia-rtx-pro-6000": GpuSpec(
+        memory_gb=96,
+        min_cpu=20,
+        min_memory_gib=80,
+        driver_cuda="13.0",
+        regions=frozenset({"asia-southeast1", "asia-south2", "europe-west4", "us-central1"}),
+        # No published Cloud Run price found (FACTS.md); seed 001's "about $2.20/h" taken as the GPU's price,
+        # which overestimates rather than hides cost.
+        hourly_usd=2.20,
+    ),
+}
+
+VCPU_SECOND_USD = 0.000018
+GIB_SECOND_USD = 0.000002

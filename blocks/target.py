@@ -1,0 +1,235 @@
+"""Where models are served: a GCP project and region, the names of what we create there, and how to reach it."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import ClassVar
+
+from prefect.blocks.core import Block
+from prefect_gcp import GcpCredentials
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROJECT_ID = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
+RESOURCE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+PRINCIPAL = re.compile(r"^(user|serviceAccount|group|domain|principal|principalSet):\S+$")
+ENDPOINT = re.compile(r"^https?://[^/\s]+/?$")
+
+
+class ApiEndpoints(BaseModel):
+    """Base URLs of Google APIs, for a target that is an emulator or the offline sandbox.
+
+    Unset fields use Google's public endpoints. A URL must carry its scheme: the REST clients go to https
+    when it is missing (FACTS.md).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str | None = Field(None, description="Cloud Run Admin API v2, e.g. http://127.0.0.1:8123")
+    cloudbuild: str | None = Field(None, description="Cloud Build API v1")
+    compute: str | None = Field(None, description="Compute Engine API v1 (networks, subnetworks)")
+    iam: str | None = Field(None, description="IAM API v1 (service accounts)")
+    secretmanager: str | None = Field(None, description="Secret Manager API v1")
+    artifactregistry: str | None = Field(None, description="Artifact Registry API v1")
+    logging: str | None = Field(None, description="Cloud Logging API v2 (revision logs)")
+    storage: str | None = Field(None, description="Cloud Storage JSON API (e.g. a fake-gcs-server URL)")
+
+    @field_validator("*")
+    @classmethod
+    def _has_scheme(cls, value: str | None, info) -> str | None:
+        if value is not None and not ENDPOINT.match(value):
+            raise ValueError(
+                f"endpoint '{value}' must be a base URL with its scheme and no path, such as "
+                f"'http://127.0.0.1:8123' or 'https://{info.field_name}.googleapis.com'"
+            )
+        return value.rstrip("/") if value else value
+
+
+class GcpTarget(Block):
+    """A GCP project and region to serve models in, and the names of the resources the pipeline manages there.
+
+    Real projects use Application Default Credentials, or the prefect-gcp GcpCredentials block referenced
+    here. Pointing ``endpoints`` at local stand-ins with ``anonymous_credentials`` makes the same flows run
+    against the offline sandbox; nothing else in the product changes.
+    """
+
+    _block_type_name: ClassVar[str] = "GCP Target"
+    _block_type_slug: ClassVar[str] = "gcp-target"
+    _description: ClassVar[str] = "GCP project, region and resource names for serving Hugging Face models with vLLM."
+
+    project: str = Field(..., description="GCP project id, e.g. 'acme-ml-prod'.")
+    region: str = Field(..., description="Region for the service, bucket, registry and subnet, e.g. 'us-central1'.")
+    bucket: str | None = Field(
+        None,
+        description="Bucket that caches model weights; defaults to '{project}-{region}-hf-model-cache'. "
+        "It must be in the same single region as the service (lesson 18).",
+    )
+    model_prefix: str = Field("model-cache", description="Object prefix for staged weights inside the bucket.")
+    artifact_repository: str = Field("vllm-images", description="Artifact Registry Docker repository for images.")
+    network: str = Field("vllm-serving", description="VPC network for Direct VPC egress.")
+    subnet: str = Field("vllm-serving-subnet", description="Subnet (Private Google Access on) for Direct VPC egress.")
+    subnet_range: str = Field(
+        "10.8.0.0/26", description="Primary IPv4 range of the subnet; Direct VPC egress needs at least a /26."
+    )
+    service_account_name: str = Field(
+        "vllm-serving", description="Account id of the dedicated service account the service runs as."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=lambda: {"managed-by": "hf-cloudrun-pipeline"},
+        description="Labels put on every resource for cost attribution (lesson 17).",
+    )
+    invokers: list[str] = Field(
+        default_factory=list,
+        description="Principals granted roles/run.invoker on services, e.g. 'group:ml-apps@example.com'. "
+        "Services stay private; public access is not offered (lesson 21).",
+    )
+    endpoints: ApiEndpoints | None = Field(
+        None, description="Non-default API endpoints (emulators, the offline sandbox). Leave empty for GCP."
+    )
+    anonymous_credentials: bool = Field(
+        False, description="Send no credentials: only for endpoints that are local stand-ins."
+    )
+    gcp_credentials: GcpCredentials | None = Field(
+        None, description="prefect-gcp credentials block; Application Default Credentials when empty."
+    )
+    operation_poll_seconds: float | None = Field(
+        None, gt=0, le=60, description="Polling interval for long-running operations; the client default when empty."
+    )
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, value: str) -> str:
+        if not PROJECT_ID.match(value):
+            raise ValueError(
+                f"project '{value}' is not a GCP project id: use 6-30 lowercase letters, digits or hyphens, "
+                "starting with a letter (the id, not the display name or number)"
+            )
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if not REGION.match(value):
+            raise ValueError(f"region '{value}' is not a GCP region name such as 'us-central1' (a zone is not)")
+        return value
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_bucket_name(value, "bucket")
+        return value
+
+    @field_validator("model_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        value = value.strip("/")
+        if not value or any(part in ("", ".", "..") for part in value.split("/")):
+            raise ValueError(f"model_prefix '{value}' must be a plain object path such as 'model-cache'")
+        return value
+
+    @field_validator("artifact_repository", "network", "subnet")
+    @classmethod
+    def _resource_id(cls, value: str, info) -> str:
+        if len(value) > 63 or not RESOURCE_ID.match(value):
+            raise ValueError(
+                f"{info.field_name} '{value}' must be 1-63 lowercase letters, digits or hyphens, starting with a "
+                "letter and not ending with a hyphen"
+            )
+        return value
+
+    @field_validator("service_account_name")
+    @classmethod
+    def _account_id(cls, value: str) -> str:
+        if not 6 <= len(value) <= 30 or not RESOURCE_ID.match(value):
+            raise ValueError(
+                f"service_account_name '{value}' must be 6-30 lowercase letters, digits or hyphens, starting with "
+                "a letter (it becomes NAME@PROJECT.iam.gserviceaccount.com)"
+            )
+        return value
+
+    @field_validator("subnet_range")
+    @classmethod
+    def _subnet_range(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as exc:
+            raise ValueError(f"subnet_range '{value}' is not an IPv4 CIDR range such as '10.8.0.0/26': {exc}") from None
+        if not network.is_private:
+            raise ValueError(f"subnet_range '{value}' must be a private (RFC 1918) range such as '10.8.0.0/26'")
+        if network.prefixlen > 26:
+            raise ValueError(
+                f"subnet_range '{value}' is too small: Direct VPC egress needs at least a /26 (64 addresses, "
+                "reserved in /28 blocks per instance); use e.g. '10.8.0.0/26'"
+            )
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not LABEL_KEY.match(key) or not LABEL_VALUE.match(label):
+                raise ValueError(
+                    f"labels: '{key}={label}' is not a valid GCP label: keys start with a lowercase letter, keys "
+                    "and values use lowercase letters, digits, '_' or '-' and at most 63 characters"
+                )
+        return value
+
+    @field_validator("invokers")
+    @classmethod
+    def _invokers(cls, value: list[str]) -> list[str]:
+        for member in value:
+            if member in ("allUsers", "allAuthenticatedUsers"):
+                raise ValueError(
+                    f"invokers: '{member}' would make the service public; services stay private (lesson 21): "
+                    "list the users, groups or service accounts that call it instead"
+                )
+            if not PRINCIPAL.match(member):
+                raise ValueError(
+                    f"invokers: '{member}' is not an IAM principal; write it as 'user:EMAIL', 'group:EMAIL' or "
+                    "'serviceAccount:EMAIL'"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GcpTarget:
+        if self.bucket is None:
+            self.bucket = f"{self.project}-{self.region}-hf-model-cache"
+            check_bucket_name(self.bucket, "bucket (derived from project and region)")
+        if self.anonymous_credentials and not (self.endpoints and any(self.endpoints.model_dump().values())):
+            raise ValueError(
+                "anonymous_credentials is only for targets whose endpoints point at local stand-ins; set "
+                "endpoints, or drop anonymous_credentials to use real credentials"
+            )
+        if self.anonymous_credentials and self.gcp_credentials is not None:
+            raise ValueError("anonymous_credentials and gcp_credentials exclude each other; keep one")
+        return self
+
+    @property
+    def bucket_name(self) -> str:
+        assert self.bucket is not None
+        return self.bucket
+
+    @property
+    def service_account_email(self) -> str:
+        return f"{self.service_account_name}@{self.project}.iam.gserviceaccount.com"
+
+    @property
+    def location_path(self) -> str:
+        return f"projects/{self.project}/locations/{self.region}"
+
+    def endpoint(self, api: str) -> str | None:
+        """The configured base URL of ``api`` (a field of ApiEndpoints), or None for Google's default."""
+        return getattr(self.endpoints, api) if self.endpoints else None
+
+
+def check_bucket_name(value: str, field: str) -> None:
+    if not BUCKET.match(value) or ".." in value or value.startswith("goog") or "google" in value:
+        raise ValueError(
+            f"{field} '{value}' is not a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit, without 'goog' prefixes; set bucket explicitly"
+        )

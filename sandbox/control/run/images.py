@@ -1,0 +1,44 @@
+"""What the sandbox knows about container images: how each one starts its args, and its CUDA build.
+
+Field lessons 1 and 2 (seed 000): Google's Model Garden vLLM image execs its args (they must begin
+``vllm serve``) and runs on the L4's CUDA 12.2 driver; the generic ``vllm/vllm-openai`` image prepends
+``vllm serve`` itself but is built for a newer CUDA than that driver.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MODEL_GARDEN_REPO = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve"
+
+
+@dataclass(frozen=True)
+class ImageBehaviour:
+    entrypoint: str  # "exec-args" or "vllm-serve": the sandbox.vllm contract
+    cuda: int  # CUDA version the image was built for, as the driver reports it (12020 = 12.2); 0 = CPU
+
+
+@dataclass(frozen=True)
+class GpuDriver:
+    cuda: int
+
+
+# Cloud Run's drivers (FACTS.md): L4 driver 535 / CUDA 12.2, RTX Pro 6000 driver 580 / CUDA 13.0.
+DRIVERS = {"nvidia-l4": GpuDriver(12020), "nvidia-rtx-pro-6000": GpuDriver(13000)}
+
+_KNOWN: list[tuple[re.Pattern[str], ImageBehaviour]] = [
+    (re.compile(rf"^{re.escape(MODEL_GARDEN_REPO)}[:@]"), ImageBehaviour("exec-args", 12020)),
+    (re.compile(r"^(docker\.io/)?vllm/vllm-openai([:@]|$)"), ImageBehaviour("vllm-serve", 12090)),
+    # Images built into Artifact Registry from vLLM's Dockerfiles: entrypoint `vllm serve`, CPU or GPU build.
+    (re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev/[^/]+/[^/]+/[^:@]*cpu[^:@]*([:@]|$)"), ImageBehaviour("vllm-serve", 0)),
+    (re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev/"), ImageBehaviour("vllm-serve", 12020)),
+]
+
+
+def image_behaviour(image: str) -> ImageBehaviour | None:
+    """How ``image`` starts, or None when no registry the sandbox knows has it (Cloud Run: image not found)."""
+    for pattern, behaviour in _KNOWN:
+        if pattern.search(image):
+            return behaviour
+    return None

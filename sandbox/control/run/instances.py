@@ -1,0 +1,211 @@
+"""Revision instances: the container launched as a local process, and Cloud Run's startup probe applied to it.
+
+The container is the vLLM stand-in (``python -m sandbox.vllm ARGS``, contract in sandbox/vllm). Its container
+port is mapped to a free loopback port; the probe and the front ends reach it there. Probe timing follows
+Cloud Run on the sandbox clock: initial delay, then one probe per period, failure after ``failureThreshold``
+consecutive misses; a TCP probe succeeds when the port accepts a connection within its timeout, an HTTP probe
+when ``GET path`` answers 2xx/3xx within its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from sandbox.serving import LOOPBACK, free_port
+
+# Real timeouts are not shrunk below this: host scheduling noise on a 2-core machine is not simulated time.
+MIN_REAL_PROBE_TIMEOUT_S = 0.25
+PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    kind: str  # "tcp" or "http"
+    port: int
+    path: str = "/"
+    initial_delay_s: float = 0
+    period_s: float = 240
+    timeout_s: float = 240
+    failure_threshold: int = 1
+
+    @property
+    def window_s(self) -> float:
+        return self.initial_delay_s + self.period_s * self.failure_threshold
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    revision: str
+    argv: list[str]
+    env: dict[str, str]
+    entrypoint: str
+    image_cuda: int
+    accelerator: str
+    driver_cuda: int
+    container_port: int
+    probe: ProbeSpec
+    mounts: list[dict]
+    faults: dict = field(default_factory=dict)
+
+
+@dataclass
+class StartOutcome:
+    ready: bool
+    exit_code: int | None = None
+    probe_failures: int = 0
+    elapsed_sim_s: float = 0.0
+
+
+class Instance:
+    """One running container of a revision."""
+
+    def __init__(self, spec: InstanceSpec, workdir: Path, gcs_url: str, time_scale: float) -> None:
+        self.spec = spec
+        self.workdir = workdir
+        self.gcs_url = gcs_url
+        self.time_scale = time_scale
+        self.host_port = free_port()
+        self.process: asyncio.subprocess.Process | None = None
+        self.log_path = workdir / "container.log"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.host_port}"
+
+    def _env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        env.update(self.spec.env)
+        env.update(
+            {
+                "PORT": str(self.spec.container_port),
+                "K_REVISION": self.spec.revision,
+                "PYTHONUNBUFFERED": "1",
+                "SANDBOX_IMAGE_ENTRYPOINT": self.spec.entrypoint,
+                "SANDBOX_PORT_MAP": json.dumps({str(self.spec.container_port): self.host_port}),
+                "SANDBOX_ACCELERATOR": self.spec.accelerator,
+                "SANDBOX_DRIVER_CUDA": str(self.spec.driver_cuda),
+                "SANDBOX_IMAGE_CUDA": str(self.spec.image_cuda),
+                "SANDBOX_MOUNTS": json.dumps(self.spec.mounts),
+                "SANDBOX_ROOT": str(self.workdir / "root"),
+                "SANDBOX_TIME_SCALE": repr(self.time_scale),
+                # The platform's own plumbing, like the metadata server: how the container reaches storage.
+                "STORAGE_EMULATOR_HOST": self.gcs_url,
+            }
+        )
+        if self.spec.faults:
+            env["SANDBOX_VLLM_FAULTS"] = json.dumps(self.spec.faults)
+        return env
+
+    async def start(self) -> StartOutcome:
+        """Launch the container and run the startup probe until it passes, fails, or the container exits."""
+        (self.workdir / "root").mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "sandbox.vllm",
+                *self.spec.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self._env(),
+                cwd=self.workdir / "root",
+                start_new_session=True,
+            )
+        return await self._probe_until_started()
+
+    async def _probe_until_started(self) -> StartOutcome:
+        probe, scale = self.spec.probe, self.time_scale
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if await self._exited_within(probe.initial_delay_s * scale):
+            return StartOutcome(False, self.process.returncode if self.process else None)
+        failures = 0
+        while True:
+            attempt_started = loop.time()
+            if await self._probe_once(probe):
+                return StartOutcome(True, elapsed_sim_s=(loop.time() - started) / scale)
+            if self.process is not None and self.process.returncode is not None:
+                return StartOutcome(False, self.process.returncode, failures)
+            failures += 1
+            if failures >= probe.failure_threshold:
+                await self.stop()
+                return StartOutcome(False, None, failures, (loop.time() - started) / scale)
+            remaining = probe.period_s * scale - (loop.time() - attempt_started)
+            if await self._exited_within(max(remaining, 0)):
+                return StartOutcome(False, self.process.returncode if self.process else None, failures)
+
+    async def _exited_within(self, seconds: float) -> bool:
+        assert self.process is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(self.process.wait()), timeout=seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _probe_once(self, probe: ProbeSpec) -> bool:
+        timeout = max(probe.timeout_s * self.time_scale, MIN_REAL_PROBE_TIMEOUT_S)
+        port = self.host_port if probe.port == self.spec.container_port else None
+        if port is None:
+            # Nothing is mapped for that port: the probe can never connect (like probing a closed port).
+            await asyncio.sleep(timeout)
+            return False
+        if probe.kind == "tcp":
+            return await self._tcp_within(port, timeout)
+        try:
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                response = await client.get(f"http://{LOOPBACK}:{port}{probe.path}")
+            return 200 <= response.status_code < 400
+        except httpx.HTTPError:
+            return False
+
+    async def _tcp_within(self, port: int, timeout: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if self.process is not None and self.process.returncode is not None:
+                return False
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), timeout=timeout)
+            except (OSError, TimeoutError):
+                await asyncio.sleep(min(0.01, max(deadline - loop.time(), 0)))
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return True
+        return False
+
+    async def stop(self) -> None:
+        """SIGTERM, as Cloud Run stops instances, then SIGKILL after a grace period."""
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), timeout=5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,310 @@
+"""Cloud Run's admission checks on a Service and its revision template, with Cloud Run's messages.
+
+Pure functions over run_v2 messages. Facts from FACTS.md (Cloud Run paragraph) and seed 000; where Google's
+exact wording is known it is used verbatim (disallowed mount points, GPU max instances, zonal redundancy
+quota, total memory), elsewhere the message follows the API's "field: problem" style.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from google.cloud import run_v2
+
+from sandbox.config import SandboxConfig
+from sandbox.control.errors import GoogleApiError, invalid_argument
+
+
+@dataclass(frozen=True)
+class GpuType:
+    min_cpu: float
+    min_memory_gib: float
+    regions: frozenset[str]
+
+
+GPU_TYPES = {
+    "nvidia-l4": GpuType(
+        4, 16, frozenset({"asia-southeast1", "asia-south1", "europe-west1", "europe-west4", "us-central1", "us-east4"})
+    ),
+    "nvidia-rtx-pro-6000": GpuType(
+        20, 80, frozenset({"asia-southeast1", "asia-south2", "europe-west4", "us-central1"})
+    ),
+}
+GPU_LIMIT_KEY = "nvidia.com/gpu"
+DISALLOWED_MOUNT_ROOTS = ("/dev", "/proc", "/sys")
+DEFAULT_MAX_INSTANCES = 100
+MAX_CONCURRENCY = 1000
+MAX_REQUEST_TIMEOUT_S = 3600
+PROBE_LIMIT_S, GPU_PROBE_LIMIT_S = 600, 1800
+SERVICE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+TAG = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+RESERVED_ENV = {"PORT", "K_SERVICE", "K_REVISION", "K_CONFIGURATION"}
+QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+UNITS = {
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+
+
+def has_field(message, name: str) -> bool:
+    """Whether a message field was set (the REST client omits fields equal to their zero value)."""
+    return type(message).pb(message).HasField(name)
+
+
+def parse_quantity(value: str, field: str) -> float:
+    match = QUANTITY.match(value.strip())
+    if not match:
+        raise invalid_argument(f"{field}: quantity '{value}' is not valid; use e.g. '8' or '32Gi'")
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+def check_service_id(service_id: str) -> None:
+    if not service_id:
+        raise invalid_argument("service_id: required")
+    if len(service_id) >= 50 or not SERVICE_ID.match(service_id):
+        raise invalid_argument(
+            f"service_id '{service_id}': must use only lowercase alphanumeric characters and dashes, "
+            "cannot begin or end with a dash, must begin with a letter and be less than 50 characters"
+        )
+
+
+def check_revision_name(service_id: str, revision: str) -> None:
+    if not revision:
+        return
+    if not revision.startswith(f"{service_id}-"):
+        raise invalid_argument(
+            f"spec.template.revision: revision name '{revision}' must be prefixed by the service name '{service_id}-'"
+        )
+    if len(revision) > 63 or not SERVICE_ID.match(revision):
+        raise invalid_argument(
+            f"spec.template.revision: '{revision}' must be a DNS label of at most 63 lowercase alphanumeric "
+            "characters or dashes, starting with a letter"
+        )
+
+
+def check_tag(service_id: str, tag: str) -> None:
+    if not TAG.match(tag):
+        raise invalid_argument(
+            f"spec.traffic.tag: '{tag}' must use only lowercase alphanumeric characters and dashes, "
+            "begin with a letter and not end with a dash"
+        )
+    if len(tag) + len(service_id) > 46:
+        raise invalid_argument(
+            f"spec.traffic.tag: the tag '{tag}' and the service name '{service_id}' together exceed "
+            "46 characters; use a shorter tag"
+        )
+
+
+def gpu_type_of(template: run_v2.RevisionTemplate) -> str | None:
+    return template.node_selector.accelerator or None
+
+
+def max_instances_of(service: run_v2.Service) -> int:
+    """Effective max instances: the smaller of the service-level and revision-level settings."""
+    candidates = [c for c in (service.scaling.max_instance_count, service.template.scaling.max_instance_count) if c]
+    return min(candidates) if candidates else DEFAULT_MAX_INSTANCES
+
+
+def cpu_idle_effective(resources: run_v2.ResourceRequirements, has_resources: bool) -> bool:
+    """cpu_idle defaults to true, but once resources are set an omitted cpu_idle reads false (API docs)."""
+    return bool(resources.cpu_idle) if has_resources else True
+
+
+def check_service(service: run_v2.Service, service_id: str, region: str, config: SandboxConfig) -> None:
+    """Raise a 400 GoogleApiError naming the first problem, as the Cloud Run API would."""
+    template = service.template
+    check_revision_name(service_id, template.revision)
+    containers = list(template.containers)
+    if not containers:
+        raise invalid_argument("spec.template.spec.containers: at least one container is required")
+    if len(containers) > 1 and sum(1 for c in containers if c.ports) != 1:
+        raise invalid_argument("spec.template.spec.containers: exactly one container must expose a port")
+    volume_names = {v.name for v in template.volumes}
+    for volume in template.volumes:
+        if has_field(volume, "gcs") and not volume.gcs.bucket:
+            raise invalid_argument(f"spec.template.spec.volumes[{volume.name}].csi.bucket: required")
+    for index, container in enumerate(containers):
+        _check_container(index, container, volume_names)
+    _check_gpu_and_capacity(service, region, config)
+    if template.max_instance_request_concurrency > MAX_CONCURRENCY:
+        raise invalid_argument(
+            f"spec.template.spec.containerConcurrency: {template.max_instance_request_concurrency} is above "
+            f"the maximum of {MAX_CONCURRENCY}"
+        )
+    if template.timeout and template.timeout.total_seconds() > MAX_REQUEST_TIMEOUT_S:
+        raise invalid_argument(
+            f"spec.template.spec.timeoutSeconds: {int(template.timeout.total_seconds())} is above the maximum "
+            f"of {MAX_REQUEST_TIMEOUT_S} seconds"
+        )
+    scaling = template.scaling
+    if (
+        scaling.min_instance_count
+        and scaling.max_instance_count
+        and scaling.min_instance_count > scaling.max_instance_count
+    ):
+        raise invalid_argument(
+            "spec.template.metadata.annotations[autoscaling.knative.dev/minScale]: min instances "
+            f"({scaling.min_instance_count}) must not exceed max instances ({scaling.max_instance_count})"
+        )
+    for target in service.traffic:
+        if target.tag:
+            check_tag(service_id, target.tag)
+
+
+def _check_container(index: int, container: run_v2.Container, volume_names: set[str]) -> None:
+    prefix = f"spec.template.spec.containers[{index}]"
+    if not container.image:
+        raise invalid_argument(f"{prefix}.image: required")
+    seen: set[str] = set()
+    reserved = sorted({e.name for e in container.env} & RESERVED_ENV)
+    if reserved:
+        raise invalid_argument(
+            f"{prefix}.env: The following reserved env names were provided: {', '.join(reserved)}. "
+            "These values are automatically set by the system."
+        )
+    for env in container.env:
+        if not ENV_NAME.match(env.name):
+            raise invalid_argument(f"{prefix}.env.name: '{env.name}' is not a valid environment variable name")
+        if env.name in seen:
+            raise invalid_argument(f"{prefix}.env: duplicate name '{env.name}'")
+        seen.add(env.name)
+    disallowed = [
+        m.mount_path
+        for m in container.volume_mounts
+        if any(m.mount_path == root or m.mount_path.startswith(root + "/") for root in DISALLOWED_MOUNT_ROOTS)
+    ]
+    if disallowed:
+        raise invalid_argument(
+            f"{prefix}.volumeMounts: Mount paths [{', '.join(disallowed)}] are in one of disallowed mount "
+            f"points [{', '.join(DISALLOWED_MOUNT_ROOTS)}]"
+        )
+    for mount in container.volume_mounts:
+        if mount.name not in volume_names:
+            raise invalid_argument(f"{prefix}.volumeMounts[{mount.name}]: no volume named '{mount.name}'")
+    if len(container.ports) > 1:
+        raise invalid_argument(f"{prefix}.ports: at most one container port may be specified")
+    limits = dict(container.resources.limits)
+    if "cpu" in limits:
+        parse_quantity(limits["cpu"], f"{prefix}.resources.limits.cpu")
+    if "memory" in limits:
+        parse_quantity(limits["memory"], f"{prefix}.resources.limits.memory")
+    if container.startup_probe:
+        _check_probe(f"{prefix}.startupProbe", container.startup_probe)
+
+
+def _check_probe(field: str, probe: run_v2.Probe) -> None:
+    # The GPU-specific ceiling is applied in _check_gpu_and_capacity, which knows the accelerator.
+    for name in ("initial_delay_seconds", "period_seconds", "timeout_seconds"):
+        value = getattr(probe, name)
+        if value < 0:
+            raise invalid_argument(f"{field}.{_camel(name)}: must not be negative")
+    if probe.period_seconds and probe.timeout_seconds and probe.timeout_seconds > probe.period_seconds:
+        raise invalid_argument(
+            f"{field}.timeoutSeconds: {probe.timeout_seconds} must not exceed periodSeconds ({probe.period_seconds})"
+        )
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def probe_window_limit(gpu: bool) -> int:
+    return GPU_PROBE_LIMIT_S if gpu else PROBE_LIMIT_S
+
+
+def _check_probe_limits(field: str, probe: run_v2.Probe, gpu: bool) -> None:
+    limit = probe_window_limit(gpu)
+    for name in ("initial_delay_seconds", "period_seconds", "timeout_seconds"):
+        value = getattr(probe, name)
+        if value > limit:
+            raise invalid_argument(f"{field}.{_camel(name)}: {value} is above the maximum of {limit} seconds")
+    threshold = probe.failure_threshold or 3
+    period = probe.period_seconds or 10
+    if threshold * period > limit:
+        raise invalid_argument(
+            f"{field}: failureThreshold x periodSeconds = {threshold} x {period} = {threshold * period} "
+            f"seconds is above the maximum of {limit} seconds"
+        )
+
+
+def _check_gpu_and_capacity(service: run_v2.Service, region: str, config: SandboxConfig) -> None:
+    template = service.template
+    container = next((c for c in template.containers if c.ports), template.containers[0])
+    prefix = "spec.template.spec.containers[0].resources"
+    has_resources = has_field(container, "resources")
+    limits = dict(container.resources.limits)
+    cpu = parse_quantity(limits.get("cpu", "1"), f"{prefix}.limits.cpu")
+    memory_gib = parse_quantity(limits.get("memory", "512Mi"), f"{prefix}.limits.memory") / 2**30
+    accelerator = gpu_type_of(template)
+    gpu_count = limits.get(GPU_LIMIT_KEY)
+    max_instances = max_instances_of(service)
+    gpu = bool(accelerator or gpu_count)
+    for index, each in enumerate(template.containers):
+        if each.startup_probe:
+            _check_probe_limits(f"spec.template.spec.containers[{index}].startupProbe", each.startup_probe, gpu)
+    if gpu_count and not accelerator:
+        raise invalid_argument(
+            "spec.template.spec.nodeSelector: run.googleapis.com/accelerator is required when a GPU limit is set"
+        )
+    if accelerator and not gpu_count:
+        raise invalid_argument(f"{prefix}.limits: nvidia.com/gpu must be set when an accelerator is selected")
+    if gpu:
+        assert accelerator is not None
+        if accelerator not in GPU_TYPES:
+            raise invalid_argument(
+                f"spec.template.spec.nodeSelector: accelerator '{accelerator}' is not supported; supported: "
+                f"{', '.join(sorted(GPU_TYPES))}"
+            )
+        if gpu_count != "1":
+            raise invalid_argument(f"{prefix}.limits.nvidia.com/gpu: exactly 1 GPU per instance is supported")
+        kind = GPU_TYPES[accelerator]
+        if region not in kind.regions:
+            raise invalid_argument(
+                f"spec.template.spec.nodeSelector: GPU type '{accelerator}' is not available in region "
+                f"'{region}'; available in {', '.join(sorted(kind.regions))}"
+            )
+        if cpu < kind.min_cpu:
+            raise invalid_argument(
+                f"{prefix}.limits.cpu: {accelerator} requires at least {kind.min_cpu:g} CPU, got {cpu:g}"
+            )
+        if memory_gib < kind.min_memory_gib:
+            raise invalid_argument(
+                f"{prefix}.limits.memory: {accelerator} requires at least {kind.min_memory_gib:g}Gi of memory, "
+                f"got {memory_gib:g}Gi"
+            )
+        if cpu_idle_effective(container.resources, has_resources):
+            raise invalid_argument(
+                f"{prefix}.cpuIdle: GPU services require CPU to be always allocated; set cpu_idle to false "
+                "(gcloud: --no-cpu-throttling)"
+            )
+        if template.gpu_zonal_redundancy_disabled:
+            quota = config.gpu_quota.get(accelerator, 0)
+        else:
+            quota = config.zonal_redundancy_gpu_quota
+            if quota == 0:
+                raise GoogleApiError(
+                    400,
+                    "You do not have quota for using GPUs with zonal redundancy. Learn more about GPU zonal "
+                    "redundancy: https://cloud.google.com/run/docs/configuring/services/gpu-zonal-redundancy",
+                    "FAILED_PRECONDITION",
+                )
+        if max_instances > quota:
+            raise invalid_argument(f"Max instances must be set to {quota} or fewer in order to set GPU requirements.")
+    if max_instances * memory_gib > config.memory_quota_gib:
+        allowed = math.floor(config.memory_quota_gib / memory_gib)
+        raise invalid_argument(f"Max instances must be set to {allowed} or fewer to set the requested total memory.")
+    if max_instances * cpu > config.cpu_quota:
+        allowed = math.floor(config.cpu_quota / cpu)
+        raise invalid_argument(f"Max instances must be set to {allowed} or fewer to set the requested total cpu.")

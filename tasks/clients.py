@@ -1,0 +1,167 @@
+"""The one place that builds cloud clients: Google APIs from a GcpTarget, the Hub from a ModelSource.
+
+Real endpoints and Application Default Credentials (or the target's GcpCredentials block) normally; the
+target's endpoints and anonymous credentials when it points at local stand-ins. Every Google client uses
+the REST transport, so the same code reaches GCP or the offline sandbox (FACTS.md: an http:// endpoint
+needs REST; gRPC cannot use it). No other module chooses endpoints or credentials.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import google.auth
+from google.api_core.client_options import ClientOptions
+from google.api_core.future import polling
+from google.auth.credentials import AnonymousCredentials, Credentials
+from google.auth.transport.requests import AuthorizedSession
+from pydantic import SecretStr
+
+from blocks.source import ModelSource
+from blocks.target import GcpTarget
+
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+IAM_DEFAULT_ENDPOINT = "https://iam.googleapis.com"
+HUB_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+
+def credentials(target: GcpTarget) -> Credentials:
+    """Credentials for ``target``: anonymous for stand-ins, the GcpCredentials block, else ADC."""
+    if target.anonymous_credentials:
+        return AnonymousCredentials()
+    if target.gcp_credentials is not None and (
+        target.gcp_credentials.service_account_file or target.gcp_credentials.service_account_info
+    ):
+        return target.gcp_credentials.get_credentials_from_service_account()
+    found, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    return found
+
+
+def client_options(target: GcpTarget, api: str) -> ClientOptions | None:
+    endpoint = target.endpoint(api)
+    return ClientOptions(api_endpoint=endpoint) if endpoint else None
+
+
+def _rest_client(cls, target: GcpTarget, api: str):
+    return cls(transport="rest", credentials=credentials(target), client_options=client_options(target, api))
+
+
+def run_services(target: GcpTarget):
+    """Cloud Run Admin API v2: services."""
+    from google.cloud import run_v2
+
+    return _rest_client(run_v2.ServicesClient, target, "run")
+
+
+def run_revisions(target: GcpTarget):
+    """Cloud Run Admin API v2: revisions."""
+    from google.cloud import run_v2
+
+    return _rest_client(run_v2.RevisionsClient, target, "run")
+
+
+def cloud_build(target: GcpTarget):
+    """Cloud Build API v1."""
+    from google.cloud.devtools import cloudbuild_v1
+
+    return _rest_client(cloudbuild_v1.CloudBuildClient, target, "cloudbuild")
+
+
+def compute_networks(target: GcpTarget):
+    from google.cloud import compute_v1
+
+    return _rest_client(compute_v1.NetworksClient, target, "compute")
+
+
+def compute_subnetworks(target: GcpTarget):
+    from google.cloud import compute_v1
+
+    return _rest_client(compute_v1.SubnetworksClient, target, "compute")
+
+
+def compute_global_operations(target: GcpTarget):
+    """Waits on network operations through the SAME endpoint as the call (FACTS.md: ``result()`` would not)."""
+    from google.cloud import compute_v1
+
+    return _rest_client(compute_v1.GlobalOperationsClient, target, "compute")
+
+
+def compute_region_operations(target: GcpTarget):
+    from google.cloud import compute_v1
+
+    return _rest_client(compute_v1.RegionOperationsClient, target, "compute")
+
+
+def secret_manager(target: GcpTarget):
+    from google.cloud import secretmanager_v1
+
+    return _rest_client(secretmanager_v1.SecretManagerServiceClient, target, "secretmanager")
+
+
+def artifact_registry(target: GcpTarget):
+    from google.cloud import artifactregistry_v1
+
+    return _rest_client(artifactregistry_v1.ArtifactRegistryClient, target, "artifactregistry")
+
+
+def storage(target: GcpTarget):
+    """Cloud Storage JSON API client for the target's project."""
+    from google.cloud import storage as gcs
+
+    options = {"api_endpoint": target.endpoint("storage")} if target.endpoint("storage") else None
+    return gcs.Client(project=target.project, credentials=credentials(target), client_options=options)
+
+
+@dataclass(frozen=True)
+class IamRest:
+    """The IAM REST API (service accounts): iam_admin_v1 has no REST transport (FACTS.md)."""
+
+    session: AuthorizedSession
+    base_url: str
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}/v1/{path.lstrip('/')}"
+
+
+def iam(target: GcpTarget) -> IamRest:
+    return IamRest(AuthorizedSession(credentials(target)), target.endpoint("iam") or IAM_DEFAULT_ENDPOINT)
+
+
+def operation_polling(target: GcpTarget):
+    """Polling policy for long-running operations: the client default unless the target sets an interval."""
+    if target.operation_poll_seconds is None:
+        return polling.DEFAULT_POLLING
+    return polling.DEFAULT_POLLING.with_delay(
+        initial=target.operation_poll_seconds, maximum=target.operation_poll_seconds, multiplier=1.0
+    )
+
+
+@dataclass(frozen=True)
+class HubAccess:
+    """How to reach the Hugging Face Hub for one model source."""
+
+    endpoint: str
+    token: SecretStr | None
+
+    def api(self):
+        """A huggingface_hub HfApi bound to this endpoint and token."""
+        from huggingface_hub import HfApi
+
+        return HfApi(endpoint=self.endpoint, token=self.token.get_secret_value() if self.token else False)
+
+
+def hub_token(source: ModelSource, secret_block: str | None = None) -> SecretStr | None:
+    """The Hub token: the named Prefect Secret block (parameter, then source), else HF_TOKEN, else none."""
+    name = secret_block or source.token_secret_block
+    if name:
+        from prefect.blocks.system import Secret
+
+        value = Secret.load(name).get()
+        return SecretStr(str(value))
+    env = os.environ.get("HF_TOKEN")
+    return SecretStr(env) if env else None
+
+
+def hub(source: ModelSource, token: SecretStr | None) -> HubAccess:
+    return HubAccess(endpoint=source.hub_endpoint or HUB_DEFAULT_ENDPOINT, token=token)

@@ -1,0 +1,130 @@
+"""Cloud Run stand-in admission: each rule Cloud Run enforces, through the real run_v2 REST client."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from google.api_core import exceptions
+from google.cloud import run_v2
+
+from tasks import clients
+from tests.support.services import gpu_service, health_probe, vllm_args
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def services(sandbox_target) -> run_v2.ServicesClient:
+    return clients.run_services(sandbox_target)
+
+
+def create(services, target, service: run_v2.Service, service_id: str | None = None, region: str | None = None):
+    parent = f"projects/{target.project}/locations/{region or target.region}"
+    return services.create_service(
+        request=run_v2.CreateServiceRequest(
+            parent=parent,
+            service=service,
+            service_id=service_id or f"adm-{next(_ids)}",
+            validate_only=True,
+        )
+    ).result(polling=clients.operation_polling(target))
+
+
+def rejected(services, target, service: run_v2.Service, **kwargs) -> str:
+    with pytest.raises(exceptions.BadRequest) as caught:
+        create(services, target, service, **kwargs)
+    return caught.value.message
+
+
+def test_a_correct_gpu_service_is_admitted(services, sandbox_target):
+    result = create(services, sandbox_target, gpu_service("weights"))
+    assert result.template.node_selector.accelerator == "nvidia-l4"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            {"mount_path": "/dev/shm"},
+            "Mount paths [/dev/shm] are in one of disallowed mount points [/dev, /proc, /sys]",
+        ),
+        ({"mount_path": "/proc/models"}, "Mount paths [/proc/models] are in one of disallowed mount points"),
+        ({"max_instances": 4}, "Max instances must be set to 3 or fewer in order to set GPU requirements."),
+        ({"max_instances": 0}, "Max instances must be set to 3 or fewer in order to set GPU requirements."),
+        ({"zonal_redundancy_disabled": False}, "You do not have quota for using GPUs with zonal redundancy."),
+        ({"cpu": "2"}, "nvidia-l4 requires at least 4 CPU"),
+        ({"memory": "8Gi"}, "nvidia-l4 requires at least 16Gi of memory"),
+        ({"cpu_idle": True}, "GPU services require CPU to be always allocated"),
+        ({"gpu": "nvidia-a100"}, "accelerator 'nvidia-a100' is not supported"),
+        ({"env": {"PORT": "8000"}}, "The following reserved env names were provided: PORT"),
+        ({"image": "docker.io/library/nonexistent:1"}, "Image 'docker.io/library/nonexistent:1' not found"),
+        ({"probe": health_probe(period=10, threshold=181)}, "failureThreshold x periodSeconds = 181 x 10 = 1810"),
+        ({"revision": "other-00001-abc"}, "must be prefixed by the service name"),
+    ],
+)
+def test_cloud_run_rejects_what_it_rejects(services, sandbox_target, change, expected):
+    message = rejected(services, sandbox_target, gpu_service("weights", **change), service_id="svc-admission")
+    assert expected in message
+
+
+def test_rtx_pro_6000_needs_its_minimums_and_a_region_that_has_it(services, sandbox_target):
+    rtx = {"gpu": "nvidia-rtx-pro-6000", "cpu": "20", "memory": "80Gi"}
+    assert create(services, sandbox_target, gpu_service("w", **rtx)).template.node_selector.accelerator
+    assert "requires at least 20 CPU" in rejected(services, sandbox_target, gpu_service("w", **{**rtx, "cpu": "8"}))
+    # RTX quota is 1 in the sandbox project, as seen in the field.
+    assert "Max instances must be set to 1 or fewer" in rejected(
+        services, sandbox_target, gpu_service("w", **rtx, max_instances=2)
+    )
+    message = rejected(services, sandbox_target, gpu_service("w", **rtx), region="europe-west1")
+    assert "not available in region 'europe-west1'" in message
+
+
+def test_cpu_service_without_gpu_is_admitted_and_probe_limit_is_600s(services, sandbox_target):
+    cpu = gpu_service("w", gpu=None, cpu="4", memory="10Gi", max_instances=1, cpu_idle=True)
+    assert create(services, sandbox_target, cpu).template.containers[0].resources.limits["cpu"] == "4"
+    too_long = gpu_service("w", gpu=None, cpu="4", memory="10Gi", probe=health_probe(period=10, threshold=61))
+    assert "above the maximum of 600 seconds" in rejected(services, sandbox_target, too_long)
+
+
+def test_memory_quota_message_matches_cloud_run(sb, services, sandbox_target):
+    sb.configure(memory_quota_gib=40)
+    try:
+        rtx = gpu_service("w", gpu="nvidia-rtx-pro-6000", cpu="20", memory="80Gi")
+        message = rejected(services, sandbox_target, rtx)
+    finally:
+        sb.configure(memory_quota_gib=800)
+    assert message.endswith(": Max instances must be set to 0 or fewer to set the requested total memory.")
+
+
+@pytest.mark.parametrize("service_id", ["Upper", "9starts-with-digit", "ends-with-dash-", "x" * 50])
+def test_invalid_service_ids_are_refused(services, sandbox_target, service_id):
+    message = rejected(services, sandbox_target, gpu_service("w"), service_id=service_id)
+    assert "must use only lowercase alphanumeric characters and dashes" in message
+
+
+def test_tag_plus_service_name_longer_than_46_characters_is_refused(services, sandbox_target):
+    service = gpu_service(
+        "w",
+        traffic=[
+            run_v2.TrafficTarget(
+                type_=run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST,
+                percent=100,
+                tag="candidate-revision-under-test",
+            )
+        ],
+    )
+    message = rejected(services, sandbox_target, service, service_id="a-rather-long-service-name")
+    assert "exceed 46 characters" in message
+
+
+def test_unknown_service_is_not_found_and_other_projects_are_forbidden(services, sandbox_target):
+    with pytest.raises(exceptions.NotFound):
+        services.get_service(name=f"{sandbox_target.location_path}/services/does-not-exist")
+    with pytest.raises(exceptions.Forbidden):
+        services.get_service(name="projects/someone-else/locations/us-central1/services/x")
+
+
+def test_args_are_kept_verbatim(services, sandbox_target):
+    args = vllm_args("--dtype=bfloat16")
+    assert list(create(services, sandbox_target, gpu_service("w", args=args)).template.containers[0].args) == args
