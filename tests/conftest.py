@@ -45,3 +45,13 @@ def sandbox_target(sandbox: SandboxHandle):
     from blocks.target import GcpTarget
 
     return GcpTarget.model_validate(sandbox.target)
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One Prefect test harness (a temporary API server and database) for the whole session."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield

@@ -1,0 +1,1 @@
+"""Prefect flows: promote-model, scale-service, rollback-model, teardown (one module each)."""

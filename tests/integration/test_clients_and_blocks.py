@@ -1,0 +1,73 @@
+"""The client module reaches the sandbox through real clients; blocks round-trip through a Prefect API."""
+
+from __future__ import annotations
+
+import pytest
+from google.cloud import run_v2
+from pydantic import SecretStr
+
+from blocks import GcpTarget, ModelSource, ServingProfile
+from tasks import clients
+
+
+def test_storage_client_from_the_target_reaches_the_emulator(sandbox_target):
+    storage = clients.storage(sandbox_target)
+    bucket = storage.create_bucket("clients-test-bucket", location=sandbox_target.region)
+    bucket.blob("a/b.txt").upload_from_string(b"staged")
+    assert storage.bucket("clients-test-bucket").blob("a/b.txt").download_as_bytes() == b"staged"
+    assert storage.get_bucket("clients-test-bucket").location == sandbox_target.region.upper()
+
+
+def test_run_client_from_the_target_reaches_the_control_plane(sb, sandbox_target):
+    since = sb.last_request_seq()
+    listed = clients.run_services(sandbox_target).list_services(parent=sandbox_target.location_path)
+    assert isinstance(list(listed), list)
+    calls = sb.requests("control", since=since)
+    assert [c["path"] for c in calls] == [f"/v2/{sandbox_target.location_path}/services"]
+    assert "authorization" not in calls[0]["headers"]  # anonymous credentials send nothing
+
+
+def test_real_target_uses_googles_endpoints():
+    target = GcpTarget(project="acme-ml-prod", region="us-central1")
+    assert clients.client_options(target, "run") is None
+    assert clients.operation_polling(target) is clients.polling.DEFAULT_POLLING
+
+
+def test_hub_access_from_a_model_source_uses_its_endpoint_and_token(sb):
+    source = ModelSource(repo_id="sandbox/tiny-chat", hub_endpoint=sb.hub_url)
+    access = clients.hub(source, SecretStr(sb.hub_token))
+    info = access.api().model_info(source.repo_id)
+    assert info.id == "sandbox/tiny-chat"
+    assert len(info.sha) == 40
+
+
+def test_hub_token_falls_back_to_the_environment(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_fromTheEnvironment")
+    token = clients.hub_token(ModelSource(repo_id="org/model"))
+    assert token is not None and token.get_secret_value() == "hf_fromTheEnvironment"
+    monkeypatch.delenv("HF_TOKEN")
+    assert clients.hub_token(ModelSource(repo_id="org/model")) is None
+
+
+@pytest.mark.prefect
+def test_blocks_save_and_load_and_token_comes_from_a_secret_block(prefect_api, sandbox_target, monkeypatch):
+    from prefect.blocks.system import Secret
+
+    sandbox_target.save("sandbox", overwrite=True)
+    loaded = GcpTarget.load("sandbox")
+    assert loaded.endpoint("run") == sandbox_target.endpoint("run")
+    assert loaded.anonymous_credentials is True
+
+    ServingProfile.preset("l4", max_instances=2).save("l4-two", overwrite=True)
+    assert ServingProfile.load("l4-two").max_instances == 2
+
+    Secret(value="hf_fromASecretBlock").save("hf-token", overwrite=True)
+    monkeypatch.setenv("HF_TOKEN", "hf_fromTheEnvironment")
+    token = clients.hub_token(ModelSource(repo_id="org/model", token_secret_block="hf-token"))
+    assert token is not None and token.get_secret_value() == "hf_fromASecretBlock"
+    assert "hf_fromASecretBlock" not in repr(token)
+
+
+def test_run_v2_is_the_rest_transport(sandbox_target):
+    assert clients.run_services(sandbox_target).transport.kind == "rest"
+    assert isinstance(clients.run_revisions(sandbox_target), run_v2.RevisionsClient)
