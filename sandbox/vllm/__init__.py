@@ -1,0 +1,23 @@
+"""The vLLM stand-in: what a Cloud Run revision instance of a vLLM image does, as a local process.
+
+The sandbox's Cloud Run stand-in launches ``python -m sandbox.vllm ARG...`` once per revision instance, where
+``ARG...`` are the container's args. The process behaves like the container: it fails the way the real
+image fails (field lessons 1-5, 9, 11), loads weights on the sandbox clock while its port refuses
+connections, then serves vLLM's OpenAI-compatible HTTP API on the host port the container port maps to.
+
+Environment contract (set by the Cloud Run stand-in):
+
+- ``SANDBOX_IMAGE_ENTRYPOINT``: ``exec-args`` (Model Garden image: args are the command and must begin
+  ``vllm serve``) or ``vllm-serve`` (generic/self-built images: args are appended to ``vllm serve``).
+- ``PORT``: the container port Cloud Run announces. ``SANDBOX_PORT_MAP``: JSON {container port: host port};
+  a port vLLM binds that is not in the map gets a free host port nobody probes.
+- ``SANDBOX_ACCELERATOR`` (``nvidia-l4``, ``nvidia-rtx-pro-6000`` or empty for CPU),
+  ``SANDBOX_DRIVER_CUDA`` and ``SANDBOX_IMAGE_CUDA`` (e.g. 12020 = CUDA 12.2; image 0 = CPU build).
+- ``SANDBOX_MOUNTS``: JSON list of Cloud Storage volumes {mount_path, bucket, only_dir, read_only}, read
+  from the GCS emulator at ``STORAGE_EMULATOR_HOST``. ``SANDBOX_ROOT``: the container's root filesystem.
+- ``SANDBOX_TIME_SCALE``: real seconds per simulated second. ``SANDBOX_VLLM_FAULTS``: optional JSON faults.
+- Real vLLM variables that field lessons depend on: ``VLLM_ENABLE_V1_MULTIPROCESSING``, ``VLLM_HOST_IP``,
+  ``GLOO_SOCKET_IFNAME``, ``VLLM_CPU_KVCACHE_SPACE``, ``HF_HUB_OFFLINE``, ``VLLM_API_KEY``.
+"""
+
+VLLM_VERSION = "0.33.0"

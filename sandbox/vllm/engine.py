@@ -1,0 +1,307 @@
+"""Engine start-up on the sandbox clock, and the running engine's shared state.
+
+Start-up follows vLLM's order: engine config (model and its config.json), engine core init (CUDA, the
+distributed rendezvous), weight loading, KV cache profiling, then torch.compile and CUDA graph capture unless
+``--enforce-eager``. Failures come out as vLLM's errors; the CPU-mode traps of field lesson 9 hang the way
+they do on Cloud Run (warnings repeat, the port never opens) until the startup probe gives up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from sandbox.vllm import VLLM_VERSION
+from sandbox.vllm.cli import ServeArgs
+from sandbox.vllm.errors import VllmStartupError
+from sandbox.vllm.hardware import (
+    KvCache,
+    allocate_kv_cache,
+    check_cuda_driver,
+    check_max_model_len,
+    check_parallelism,
+    check_platform,
+    check_weights_fit,
+    device_name,
+    round_gib,
+)
+from sandbox.vllm.instance import Faults, InstanceEnv
+from sandbox.vllm.logs import ENGINE_CORE, VllmLog
+from sandbox.vllm.model import ModelInfo, architecture, inspect_model, load_model
+from sandbox.vllm.storage import ModelDir
+from sandbox.vllm.timing import (
+    C10D_RETRY_PERIOD_S,
+    CUDA_GRAPH_CAPTURE_S,
+    DECODE_TOKENS_PER_S,
+    ENGINE_INIT_S,
+    GB,
+    GIB,
+    KV_CACHE_PROFILE_S,
+    LOAD_GB_PER_S,
+    PT_LOAD_SLOWDOWN,
+    SHM_BROADCAST_WARN_PERIOD_S,
+    TORCH_COMPILE_S,
+    SimClock,
+)
+
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What start-up settled: the model, names it is served under, and the limits requests meet."""
+
+    args: ServeArgs
+    model: ModelInfo
+    served_names: tuple[str, ...]
+    max_model_len: int
+    max_num_seqs: int
+    decode_tokens_per_s: float
+    kv_cache: KvCache
+    startup_s: float
+
+
+def weight_load_seconds(model: ModelInfo) -> float:
+    """Simulated time to read the weights from where they are."""
+    seconds = model.weight_bytes / (LOAD_GB_PER_S[model.source] * GB)
+    return seconds * PT_LOAD_SLOWDOWN if model.weight_format == "pt" else seconds
+
+
+def _hang_forever(clock: SimClock, period_s: float, warn: Callable[[], None]) -> NoReturn:
+    # The real process neither exits nor opens its port: only the startup probe (or SIGTERM) ends it.
+    while True:
+        clock.sleep(period_s)
+        warn()
+
+
+class _Boot:
+    """One start-up run: each step logs like vLLM and advances the sandbox clock."""
+
+    def __init__(self, args: ServeArgs, env: InstanceEnv, log: VllmLog, clock: SimClock) -> None:
+        self.args, self.env, self.log, self.clock = args, env, log, clock
+        self.elapsed_s = 0.0
+
+    def _wait(self, simulated_s: float) -> None:
+        self.clock.sleep(simulated_s)
+        self.elapsed_s += simulated_s
+
+    def _engine(self, source: str, message: str) -> None:
+        self.log.info(source, message, process=ENGINE_CORE)
+
+    def run(self) -> EngineConfig:
+        """Every start-up step in vLLM's order; returns once the engine could serve."""
+        directory, source, config, max_model_len = self._engine_config()
+        self._init_device()
+        self._wait(ENGINE_INIT_S)
+        model = self._load_weights(directory, source, config)
+        if self.env.faults.crash_at_start:
+            self.log.error("core.py:708", "EngineCore failed to start.", process=ENGINE_CORE)
+            raise VllmStartupError("RuntimeError", self.env.faults.crash_at_start, where="vllm/v1/engine/core.py")
+        self._check_shared_memory()
+        return self._warm_up(model, max_model_len)
+
+    def _engine_config(self) -> tuple[ModelDir, str, dict[str, Any], int]:
+        args, env, log = self.args, self.env, self.log
+        log.info("api_server.py:1885", f"vLLM API server version {VLLM_VERSION}")
+        log.info("utils.py:253", f"non-default args: {args.non_default!r}")
+        check_platform(env)
+        directory, source, config = inspect_model(args.model, args.load_format, env, log.sandbox)
+        max_model_len = check_max_model_len(args, config, env)
+        log.info("model.py:547", f"Resolved architecture: {architecture(config)}")
+        log.info("model.py:1510", f"Using max model len {max_model_len}")
+        check_parallelism(args, env)
+        if env.cpu_mode:
+            log.warning("cpu.py:117", "Cuda graph is not supported on CPU, fallback to the eager mode.")
+        elif args.enforce_eager:
+            log.warning("cuda.py:157", "Enforce eager set, disabling torch.compile and CUDAGraphs.")
+        self._engine(
+            "core.py:93",
+            f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: model={args.model!r}, "
+            f"dtype={args.dtype}, max_seq_len={max_model_len}, load_format={args.load_format}, "
+            f"tensor_parallel_size={args.tensor_parallel_size}, enforce_eager={args.enforce_eager}, "
+            f"kv_cache_dtype={args.kv_cache_dtype}, device_config={device_name(env)}, "
+            f"served_model_name={args.served_names[0]}",
+        )
+        return directory, source, config, max_model_len
+
+    def _load_weights(self, directory: ModelDir, source: str, config: dict[str, Any]) -> ModelInfo:
+        args, env = self.args, self.env
+        self._engine("gpu_model_runner.py:2338", f"Starting to load model {args.model}...")
+        model = load_model(directory, source, config, args.load_format, args.model, self.log.sandbox)
+        check_weights_fit(model, args, env)
+        load_s = env.faults.load_seconds if env.faults.load_seconds is not None else weight_load_seconds(model)
+        self._wait(load_s)
+        size_gib = round_gib(model.weight_bytes)
+        if model.source == "runai_streamer":
+            rate = model.weight_bytes / GIB / load_s if load_s else 0.0
+            self._engine(
+                "streamer.py:110",
+                f"[RunAI Streamer] Overall time to stream {size_gib:.4f} GiB of all files: {load_s:.2f}s, "
+                f"{rate:.1f} GiB/s",
+            )
+        self._engine("default_loader.py:267", f"Loading weights took {load_s:.2f} seconds")
+        self._engine("gpu_model_runner.py:2370", f"Model loading took {size_gib:.4f} GiB and {load_s:.2f} seconds")
+        return model
+
+    def _init_device(self) -> None:
+        env = self.env
+        if env.cpu_mode:
+            self._check_cpu_rendezvous()
+            return
+        try:
+            check_cuda_driver(env)
+        except VllmStartupError:
+            self.log.error("core.py:708", "EngineCore failed to start.", process=ENGINE_CORE)
+            raise
+
+    def _check_cpu_rendezvous(self) -> None:
+        env = self.env
+        if env.env_flag("VLLM_HOST_IP") == "127.0.0.1" and env.env_flag("GLOO_SOCKET_IFNAME") == "lo":
+            return
+        self.log.sandbox(
+            "CPU mode without VLLM_HOST_IP=127.0.0.1 and GLOO_SOCKET_IFNAME=lo: torch.distributed's TCP "
+            "rendezvous retries forever inside Cloud Run's gVisor network (lesson 9)."
+        )
+
+        def warn() -> None:
+            self.log.warning(
+                "socket.cpp:755",
+                "[c10d] The server socket has timed out, will retry. (errno: 110 - Connection timed out).",
+                process=ENGINE_CORE,
+            )
+
+        _hang_forever(self.clock, C10D_RETRY_PERIOD_S, warn)
+
+    def _check_shared_memory(self) -> None:
+        env = self.env
+        if not env.cpu_mode or env.env_flag("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0":
+            return
+        self.log.sandbox(
+            "CPU mode with VLLM_ENABLE_V1_MULTIPROCESSING on: the engine core talks to the API server over "
+            "/dev/shm, which is too small on Cloud Run and cannot be enlarged (mounts under /dev are "
+            "disallowed). Set VLLM_ENABLE_V1_MULTIPROCESSING=0 (lesson 9). The port will never open."
+        )
+
+        def warn() -> None:
+            self.log.info(
+                "shm_broadcast.py:466",
+                "No available shared memory broadcast block found in 60 seconds. This typically happens when "
+                "some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv "
+                "cache quantization).",
+            )
+
+        _hang_forever(self.clock, SHM_BROADCAST_WARN_PERIOD_S, warn)
+
+    def _warm_up(self, model: ModelInfo, max_model_len: int) -> EngineConfig:
+        args, env, log = self.args, self.env, self.log
+        kv = allocate_kv_cache(model, args, env, max_model_len, lambda m: log.warning("cpu.py:94", m))
+        self._engine("gpu_worker.py:298", f"Available KV cache memory: {kv.available_gib:.2f} GiB")
+        if kv.tokens is not None:
+            self._engine("kv_cache_utils.py:1087", f"GPU KV cache size: {kv.tokens:,} tokens")
+            concurrency = kv.max_concurrency(max_model_len)
+            self._engine(
+                "kv_cache_utils.py:1091",
+                f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
+            )
+        init_s = KV_CACHE_PROFILE_S
+        self._wait(KV_CACHE_PROFILE_S)
+        if not env.cpu_mode and not args.enforce_eager:
+            self._wait(TORCH_COMPILE_S)
+            self._engine("monitor.py:34", f"torch.compile takes {TORCH_COMPILE_S:.2f} s in total")
+            self._wait(CUDA_GRAPH_CAPTURE_S)
+            self._engine(
+                "gpu_model_runner.py:3480",
+                f"Graph capturing finished in {CUDA_GRAPH_CAPTURE_S:.0f} secs, took 0.31 GiB",
+            )
+            init_s += TORCH_COMPILE_S + CUDA_GRAPH_CAPTURE_S
+        self._engine("core.py:210", f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds")
+        faults = env.faults
+        rate = faults.slow_tokens_per_s or DECODE_TOKENS_PER_S.get(device_name(env), DECODE_TOKENS_PER_S["cpu"])
+        served = (faults.served_model_name,) if faults.served_model_name else args.served_names
+        if faults.served_model_name:
+            log.sandbox(f"fault: serving under {faults.served_model_name!r} instead of {args.served_names[0]!r}")
+        return EngineConfig(
+            args=args,
+            model=model,
+            served_names=served,
+            max_model_len=max_model_len,
+            max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            decode_tokens_per_s=rate,
+            kv_cache=kv,
+            startup_s=self.elapsed_s,
+        )
+
+
+def boot(args: ServeArgs, env: InstanceEnv, log: VllmLog, clock: SimClock) -> EngineConfig:
+    """Start the engine: returns when it is ready to serve, raises VllmStartupError, or hangs like vLLM."""
+    return _Boot(args, env, log, clock).run()
+
+
+class EngineState:
+    """The running engine as requests see it: liveness, batch slots, and counters for /metrics."""
+
+    def __init__(self, config: EngineConfig, faults: Faults, log: VllmLog) -> None:
+        self.config = config
+        self.faults = faults
+        self._log = log
+        self._lock = threading.Lock()
+        # Requests beyond max_num_seqs wait for a slot, as vLLM's scheduler queues them.
+        self._slots = threading.BoundedSemaphore(config.max_num_seqs)
+        self._admitted = 0
+        self._dead = faults.engine_dead_after_requests is not None and faults.engine_dead_after_requests <= 0
+        self.running = 0
+        self.waiting = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.success_total = 0
+
+    @property
+    def dead(self) -> bool:
+        """Whether the engine core has died (health 503, generation 500)."""
+        with self._lock:
+            return self._dead
+
+    def admit(self) -> bool:
+        """Count one generation request; False when the engine is already dead."""
+        with self._lock:
+            if self._dead:
+                return False
+            self._admitted += 1
+            return True
+
+    def finish(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Record a finished request; the engine-death fault fires after the configured count."""
+        with self._lock:
+            self.prompt_tokens_total += prompt_tokens
+            self.generation_tokens_total += completion_tokens
+            self.success_total += 1
+            limit = self.faults.engine_dead_after_requests
+            if limit is not None and not self._dead and self.success_total >= limit:
+                self._dead = True
+                died = True
+            else:
+                died = False
+        if died:
+            self._log.error(
+                "core_client.py:564",
+                "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.",
+            )
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold one of max_num_seqs batch slots while generating."""
+        with self._lock:
+            self.waiting += 1
+        self._slots.acquire()
+        with self._lock:
+            self.waiting -= 1
+            self.running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.running -= 1
+            self._slots.release()

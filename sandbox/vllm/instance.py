@@ -1,0 +1,165 @@
+"""The instance environment: what the Cloud Run stand-in tells the container through its env vars."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENTRYPOINT_EXEC_ARGS = "exec-args"
+ENTRYPOINT_VLLM_SERVE = "vllm-serve"
+DEFAULT_TIME_SCALE = 0.01
+
+
+class ContractError(ValueError):
+    """The launcher set an env var the stand-in cannot understand (a sandbox bug, not a product one)."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A Cloud Storage volume: the bucket's objects (or those under ``only_dir``) as files at ``mount_path``."""
+
+    mount_path: str
+    bucket: str
+    only_dir: str | None = None
+    read_only: bool = True
+
+    def object_prefix(self, container_path: str) -> str | None:
+        """The object-name prefix ``container_path`` shows, or None when the path is outside this mount."""
+        root = self.mount_path.rstrip("/") or "/"
+        if container_path == root:
+            relative = ""
+        elif container_path.startswith(root.rstrip("/") + "/"):
+            relative = container_path[len(root.rstrip("/")) + 1 :]
+        else:
+            return None
+        base = (self.only_dir or "").strip("/")
+        return "/".join(part for part in (base, relative) if part)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Per-instance faults (``SANDBOX_VLLM_FAULTS``), for failures the field produces without a product bug.
+
+    - ``crash_at_start``: after loading weights, print this message as a RuntimeError and exit 1.
+    - ``engine_dead_after_requests``: after N finished generation requests the engine core dies:
+      /health answers 503 and generation 500 (N=0: dead as soon as it is up).
+    - ``completions_status``: every generation request fails with this HTTP status.
+    - ``served_model_name``: serve under this name instead of the configured one.
+    - ``load_seconds``: simulated weight-load time instead of the size-based one.
+    - ``slow_tokens_per_s``: decode speed per request instead of the device's.
+    """
+
+    crash_at_start: str | None = None
+    engine_dead_after_requests: int | None = None
+    completions_status: int | None = None
+    served_model_name: str | None = None
+    load_seconds: float | None = None
+    slow_tokens_per_s: float | None = None
+
+    @classmethod
+    def from_json(cls, raw: str | None) -> Faults:
+        """Parse the JSON object; unknown keys are a launcher bug and fail loudly."""
+        if not raw:
+            return cls()
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ContractError(f"SANDBOX_VLLM_FAULTS is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ContractError("SANDBOX_VLLM_FAULTS must be a JSON object")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ContractError(f"SANDBOX_VLLM_FAULTS has unknown keys: {sorted(unknown)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class InstanceEnv:
+    """Everything the stand-in reads from its environment, parsed once at start."""
+
+    entrypoint: str = ENTRYPOINT_VLLM_SERVE
+    container_port: int | None = None
+    port_map: dict[int, int] | None = None
+    accelerator: str = ""
+    driver_cuda: int = 0
+    image_cuda: int = 0
+    mounts: tuple[Mount, ...] = ()
+    root: Path = Path("/")
+    time_scale: float = DEFAULT_TIME_SCALE
+    storage_emulator: str | None = None
+    faults: Faults = field(default_factory=Faults)
+    vllm_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def cpu_mode(self) -> bool:
+        """A CPU build of vLLM (image CUDA 0): it runs on the CPU whether or not a GPU is attached."""
+        return self.image_cuda == 0
+
+    def env_flag(self, name: str, default: str = "") -> str:
+        """A real vLLM / Hugging Face env var as the container sees it."""
+        return self.vllm_env.get(name, default)
+
+    def host_port(self, container_port: int) -> int | None:
+        """The loopback port the container port is published on; None when nothing probes it."""
+        if self.port_map is None:
+            # Run by hand without a launcher: bind the port itself.
+            return container_port
+        return self.port_map.get(container_port)
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> InstanceEnv:
+        """Parse the contract; missing sandbox vars fall back to a plain local run."""
+        env = os.environ if environ is None else environ
+        entrypoint = env.get("SANDBOX_IMAGE_ENTRYPOINT", ENTRYPOINT_VLLM_SERVE)
+        if entrypoint not in (ENTRYPOINT_EXEC_ARGS, ENTRYPOINT_VLLM_SERVE):
+            raise ContractError(f"SANDBOX_IMAGE_ENTRYPOINT={entrypoint!r} is neither exec-args nor vllm-serve")
+        port_map = None
+        if "SANDBOX_PORT_MAP" in env:
+            raw_map = _json(env, "SANDBOX_PORT_MAP")
+            if not isinstance(raw_map, dict):
+                raise ContractError("SANDBOX_PORT_MAP must be a JSON object")
+            port_map = {int(k): int(v) for k, v in raw_map.items()}
+        mounts = tuple(
+            Mount(
+                mount_path=m["mount_path"],
+                bucket=m["bucket"],
+                only_dir=m.get("only_dir"),
+                read_only=m.get("read_only", True),
+            )
+            for m in (_json(env, "SANDBOX_MOUNTS") or [])
+        )
+        scale = float(env.get("SANDBOX_TIME_SCALE") or DEFAULT_TIME_SCALE)
+        if scale <= 0:
+            raise ContractError("SANDBOX_TIME_SCALE must be positive")
+        vllm_env = {
+            k: v
+            for k, v in env.items()
+            if k.startswith(("VLLM_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_")) or k == "GLOO_SOCKET_IFNAME"
+        }
+        return cls(
+            entrypoint=entrypoint,
+            container_port=int(env["PORT"]) if env.get("PORT") else None,
+            port_map=port_map,
+            accelerator=env.get("SANDBOX_ACCELERATOR", ""),
+            driver_cuda=int(env.get("SANDBOX_DRIVER_CUDA") or 0),
+            image_cuda=int(env.get("SANDBOX_IMAGE_CUDA") or 0),
+            mounts=mounts,
+            root=Path(env.get("SANDBOX_ROOT") or "/"),
+            time_scale=scale,
+            storage_emulator=env.get("STORAGE_EMULATOR_HOST"),
+            faults=Faults.from_json(env.get("SANDBOX_VLLM_FAULTS")),
+            vllm_env=vllm_env,
+        )
+
+
+def _json(env: Mapping[str, str], name: str) -> object:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ContractError(f"{name} is not JSON: {exc}") from None

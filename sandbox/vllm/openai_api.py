@@ -1,0 +1,452 @@
+"""vLLM's OpenAI-compatible endpoints as plain functions: request bytes in, status and body out.
+
+Shapes follow vLLM 0.33 (vllm/entrypoints/openai): ModelList/ModelCard for /v1/models, ChatCompletion and
+Completion responses with usage, SSE streams ending in ``data: [DONE]``, and ``{"error": {...}}`` bodies
+(ErrorResponse with ErrorInfo) for failures. The HTTP plumbing lives in server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox.vllm import VLLM_VERSION
+from sandbox.vllm.engine import EngineState
+from sandbox.vllm.logs import VllmLog
+from sandbox.vllm.textgen import Generated, count_tokens, generate, render_chat
+from sandbox.vllm.timing import REQUEST_OVERHEAD_S, SimClock
+
+JSON = "application/json"
+SSE = "text/event-stream; charset=utf-8"
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# vLLM's --api-key guards only these prefixes.
+AUTH_PREFIXES = ("/v1", "/v2", "/inference")
+
+
+def dumps(obj: object) -> bytes:
+    """Compact JSON, as pydantic's model_dump_json writes it."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class Response:
+    """What to send: a status and a body, or a stream of body chunks."""
+
+    status: int
+    body: bytes = b""
+    content_type: str | None = JSON
+    stream: Iterator[bytes] | None = field(default=None, repr=False)
+
+
+class ApiError(Exception):
+    """A request vLLM answers with an ErrorResponse."""
+
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+
+    def response(self) -> Response:
+        """The ErrorResponse body."""
+        info = {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}
+        return Response(self.status, dumps({"error": info}))
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A validated generation request."""
+
+    kind: str  # "chat" or "completion"
+    request_id: str
+    created: int
+    model: str
+    prompts: tuple[_Prompt, ...]
+    n: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    echo_role: str = "assistant"
+
+    def generations(self) -> list[list[Generated]]:
+        """Per prompt, per choice: the deterministic answer."""
+        return [[generate(self.model, p.text, j, self.max_tokens) for j in range(self.n)] for p in self.prompts]
+
+
+def _require_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"null")
+    except ValueError:
+        raise ApiError(400, "JSON decode error") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "Input should be a valid dictionary or object to extract fields from")
+    return data
+
+
+def _missing(field_name: str) -> ApiError:
+    return ApiError(400, f"[{{'type': 'missing', 'loc': ('body', '{field_name}'), 'msg': 'Field required'}}]")
+
+
+class OpenAiApi:
+    """The endpoints of one running vLLM server."""
+
+    def __init__(self, engine: EngineState, clock: SimClock, log: VllmLog, api_keys: tuple[str, ...]) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.clock = clock
+        self.log = log
+        self.api_keys = api_keys
+        self.created = int(time.time())
+
+    # --- plain endpoints -------------------------------------------------------------------------------
+
+    def authorized(self, path: str, headers: Mapping[str, str]) -> bool:
+        """vLLM's API-key middleware: a Bearer token must match for /v1 paths when keys are set."""
+        if not self.api_keys or not path.startswith(AUTH_PREFIXES):
+            return True
+        auth = headers.get("authorization", "")
+        return auth.startswith("Bearer ") and auth.removeprefix("Bearer ") in self.api_keys
+
+    def health(self) -> Response:
+        """200 with an empty body, 503 once the engine core is dead."""
+        return Response(503 if self.engine.dead else 200, b"", None)
+
+    def models(self) -> Response:
+        """The served names as ModelCards (root is the model path as given)."""
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "vllm",
+                "root": self.config.args.model,
+                "parent": None,
+                "max_model_len": self.config.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": self.created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in self.config.served_names
+        ]
+        return Response(200, dumps({"object": "list", "data": cards}))
+
+    def version(self) -> Response:
+        """The vLLM version."""
+        return Response(200, dumps({"version": VLLM_VERSION}))
+
+    def load(self) -> Response:
+        """Requests in flight (vLLM's /load)."""
+        return Response(200, dumps({"server_load": self.engine.running + self.engine.waiting}))
+
+    def metrics(self) -> Response:
+        """A few of vLLM's Prometheus series."""
+        labels = f'engine="0",model_name="{self.config.served_names[0]}"'
+        e = self.engine
+        series = [
+            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", e.running),
+            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", e.waiting),
+            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", e.prompt_tokens_total),
+            (
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                e.generation_tokens_total,
+            ),
+            ("vllm:request_success_total", "counter", "Count of successfully processed requests.", e.success_total),
+        ]
+        lines = []
+        for name, kind, help_text, value in series:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"]
+        return Response(200, ("\n".join(lines) + "\n").encode(), PROMETHEUS)
+
+    # --- generation ------------------------------------------------------------------------------------
+
+    def chat_completions(self, body: bytes) -> Response:
+        """POST /v1/chat/completions."""
+        return self._generate(body, self._plan_chat)
+
+    def completions(self, body: bytes) -> Response:
+        """POST /v1/completions."""
+        return self._generate(body, self._plan_completion)
+
+    def _generate(self, body: bytes, planner: Callable[[dict[str, Any]], _Plan]) -> Response:
+        try:
+            data = _require_object(body)
+            self._check_model(data.get("model"))
+            plan = planner(data)
+            self._check_engine()
+        except ApiError as err:
+            return err.response()
+        if self.config.args.enable_log_requests:
+            self.log.info("logger.py:41", f"Received request {plan.request_id}: prompt: {plan.prompts[0].text!r}")
+        if plan.stream:
+            return Response(200, b"", SSE, self._stream(plan))
+        return Response(200, dumps(self._complete(plan)))
+
+    def _check_model(self, model: object) -> None:
+        if model is None or model in self.config.served_names:
+            return
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+    def _check_engine(self) -> None:
+        status = self.engine.faults.completions_status
+        if not self.engine.admit():
+            raise ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError")
+        if status is not None:
+            raise ApiError(status, f"sandbox fault: completions fail with HTTP {status}", "InternalServerError")
+
+    def _limits(self, max_tokens: object, prompt_tokens: int) -> int:
+        """The tokens to generate at most, after vLLM's length checks (None: up to the context length)."""
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        max_len = self.config.max_model_len
+        if prompt_tokens >= max_len:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, your request has "
+                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+                param="input_tokens",
+            )
+        if max_tokens is not None and prompt_tokens + max_tokens > max_len:
+            raise ApiError(
+                400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                f"context length is {max_len} tokens and your request has {prompt_tokens} input tokens "
+                f"({max_tokens} > {max_len} - {prompt_tokens}).",
+                param="max_tokens",
+            )
+        return max_tokens if max_tokens is not None else max_len - prompt_tokens
+
+    def _common(self, data: dict[str, Any]) -> tuple[int, bool, bool]:
+        n = 1 if data.get("n") is None else data["n"]
+        if not isinstance(n, int) or n < 1:
+            raise ApiError(400, f"n must be at least 1, got {n}.", param="n")
+        temperature = data.get("temperature")
+        if isinstance(temperature, int | float) and temperature < 0:
+            raise ApiError(400, f"temperature must be non-negative, got {temperature}.", param="temperature")
+        stream = bool(data.get("stream"))
+        options = data.get("stream_options") or {}
+        return n, stream, bool(stream and isinstance(options, dict) and options.get("include_usage"))
+
+    def _check_tools(self, data: dict[str, Any]) -> None:
+        args = self.config.args
+        if not data.get("tools"):
+            return
+        choice = data.get("tool_choice", "auto")
+        if choice == "auto" and not (args.enable_auto_tool_choice and args.tool_call_parser):
+            raise ApiError(
+                400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+            )
+        if choice not in ("auto", "none") and not args.tool_call_parser:
+            shown = choice if isinstance(choice, str) else "function"
+            raise ApiError(400, f'tool_choice="{shown}" requires --tool-call-parser to be set')
+
+    def _plan_chat(self, data: dict[str, Any]) -> _Plan:
+        messages = data.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _missing("messages")
+        try:
+            chat = render_chat(messages)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        limits = self.config.args.limit_mm_per_prompt or {}
+        for modality, count in chat.mm_items.items():
+            limit = limits.get(modality)
+            if isinstance(limit, int) and count > limit:
+                raise ApiError(400, f"At most {limit} {modality}(s) may be provided in one prompt.")
+        self._check_tools(data)
+        n, stream, usage = self._common(data)
+        requested = next((data[k] for k in ("max_completion_tokens", "max_tokens") if data.get(k) is not None), None)
+        max_tokens = self._limits(requested, chat.tokens)
+        return _Plan(
+            kind="chat",
+            request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.config.served_names[0],
+            prompts=(_Prompt(chat.text, chat.tokens),),
+            n=n,
+            max_tokens=max_tokens,
+            stream=stream,
+            include_usage=usage,
+        )
+
+    def _plan_completion(self, data: dict[str, Any]) -> _Plan:
+        raw = data.get("prompt")
+        if raw is None:
+            raise _missing("prompt")
+        if isinstance(raw, str):
+            items: list[Any] = [raw]
+        elif isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
+            items = [raw]
+        elif isinstance(raw, list) and raw:
+            items = raw
+        else:
+            raise ApiError(400, "Prompt cannot be empty")
+        prompts = []
+        for item in items:
+            if isinstance(item, str):
+                prompts.append(_Prompt(item, count_tokens(item) + 1))  # +1: the BOS token
+            elif isinstance(item, list) and all(isinstance(t, int) for t in item):
+                prompts.append(_Prompt(" ".join(map(str, item)), len(item)))
+            else:
+                raise ApiError(400, "prompt must be a string, array of strings, or array of token arrays")
+        n, stream, usage = self._common(data)
+        # vLLM keeps the OpenAI completions default of 16 tokens.
+        requested = 16 if data.get("max_tokens") is None else data["max_tokens"]
+        max_tokens = min(self._limits(requested, p.tokens) for p in prompts)
+        return _Plan(
+            kind="completion",
+            request_id=f"cmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.config.served_names[0],
+            prompts=tuple(prompts),
+            n=n,
+            max_tokens=max_tokens,
+            stream=stream,
+            include_usage=usage,
+        )
+
+    def _usage(self, plan: _Plan, generations: list[list[Generated]]) -> dict[str, Any]:
+        prompt = sum(p.tokens for p in plan.prompts)
+        completion = sum(len(g.pieces) for per_prompt in generations for g in per_prompt)
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": None,
+        }
+
+    def _decode_seconds(self, tokens: int) -> float:
+        return tokens / self.config.decode_tokens_per_s
+
+    def _complete(self, plan: _Plan) -> dict[str, Any]:
+        generations = plan.generations()
+        longest = max(len(g.pieces) for per_prompt in generations for g in per_prompt)
+        with self.engine.slot():
+            self.clock.sleep(REQUEST_OVERHEAD_S + self._decode_seconds(longest))
+        usage = self._usage(plan, generations)
+        self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"])
+        flat = [g for per_prompt in generations for g in per_prompt]
+        if plan.kind == "chat":
+            choices = [
+                {
+                    "index": i,
+                    "message": {
+                        "role": plan.echo_role,
+                        "content": g.text,
+                        "refusal": None,
+                        "annotations": None,
+                        "audio": None,
+                        "function_call": None,
+                        "tool_calls": [],
+                        "reasoning_content": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": g.finish_reason,
+                    "stop_reason": None,
+                    "token_ids": None,
+                }
+                for i, g in enumerate(flat)
+            ]
+            obj = "chat.completion"
+        else:
+            choices = [
+                {
+                    "index": i,
+                    "text": g.text,
+                    "logprobs": None,
+                    "finish_reason": g.finish_reason,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                }
+                for i, g in enumerate(flat)
+            ]
+            obj = "text_completion"
+        return {
+            "id": plan.request_id,
+            "object": obj,
+            "created": plan.created,
+            "model": plan.model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage,
+            "prompt_logprobs": None,
+            "prompt_token_ids": None,
+            "kv_transfer_params": None,
+        }
+
+    def _chunk(self, plan: _Plan, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        obj = "chat.completion.chunk" if plan.kind == "chat" else "text_completion"
+        payload: dict[str, Any] = {
+            "id": plan.request_id,
+            "object": obj,
+            "created": plan.created,
+            "model": plan.model,
+            "choices": choices,
+        }
+        if usage is not None:
+            payload["usage"] = usage
+        return b"data: " + dumps(payload) + b"\n\n"
+
+    def _piece(self, plan: _Plan, index: int, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
+        if plan.kind == "chat":
+            delta: dict[str, Any] = {}
+            if first:
+                delta["role"] = plan.echo_role
+            if text is not None:
+                delta["content"] = text
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
+    def _stream(self, plan: _Plan) -> Iterator[bytes]:
+        generations = [g for per_prompt in plan.generations() for g in per_prompt]
+        usage = self._usage(plan, [generations])
+        finished = False
+        with self.engine.slot():
+            try:
+                self.clock.sleep(REQUEST_OVERHEAD_S)
+                if plan.kind == "chat":
+                    yield self._chunk(plan, [self._piece(plan, i, "", None, True) for i in range(len(generations))])
+                longest = max(len(g.pieces) for g in generations)
+                for step in range(longest):
+                    self.clock.sleep(self._decode_seconds(1))
+                    for i, g in enumerate(generations):
+                        if step < len(g.pieces):
+                            last = step == len(g.pieces) - 1
+                            finish = g.finish_reason if last else None
+                            yield self._chunk(plan, [self._piece(plan, i, g.pieces[step], finish, False)])
+                for i, g in enumerate(generations):
+                    if not g.pieces:
+                        yield self._chunk(plan, [self._piece(plan, i, "", g.finish_reason, False)])
+                if plan.include_usage:
+                    yield self._chunk(plan, [], usage)
+                yield b"data: [DONE]\n\n"
+                finished = True
+            finally:
+                if finished:
+                    self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"])

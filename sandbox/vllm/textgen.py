@@ -1,0 +1,95 @@
+"""Deterministic "generation": token counts and text derived from the prompt and the model name.
+
+Same prompt, same model, same answer: tests can compare responses across revisions, and a response from
+the wrong model (a stale revision, a wrong served name) reads differently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_TOKEN = re.compile(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]")
+_VOCABULARY = (
+    "the model answers from sandbox with a short reply about weights tokens graphs cache serving latency "
+    "probes revisions traffic buckets volumes streams engines batches prompts and every request gets its own "
+    "deterministic words so tests can compare them"
+)
+_WORDS = _VOCABULARY.split()
+# Chat templates wrap each message in role markers; vLLM counts those tokens too.
+CHAT_TOKENS_PER_MESSAGE = 4
+CHAT_TOKENS_FOR_REPLY = 3
+# A vision encoder turns each image into a fixed block of tokens.
+TOKENS_PER_IMAGE = 256
+MIN_NATURAL_TOKENS = 6
+NATURAL_TOKEN_SPREAD = 26
+
+
+def count_tokens(text: str) -> int:
+    """A stable stand-in for a tokenizer: words and punctuation (one token per CJK character)."""
+    return len(_TOKEN.findall(text))
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat request's messages flattened the way a template would, with their multimodal items."""
+
+    text: str
+    tokens: int
+    mm_items: dict[str, int]
+
+
+def render_chat(messages: list[dict[str, Any]]) -> ChatPrompt:
+    """Flatten messages (string or list-of-parts content); raises ValueError on a malformed message."""
+    lines: list[str] = []
+    items: dict[str, int] = {}
+    extra = CHAT_TOKENS_FOR_REPLY
+    for message in messages:
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError("each message needs a role")
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                kind = part.get("type", "text") if isinstance(part, dict) else "text"
+                if kind == "text":
+                    texts.append(str(part.get("text", "")) if isinstance(part, dict) else str(part))
+                else:
+                    modality = kind.split("_")[0]  # image_url -> image, input_audio -> input
+                    modality = "audio" if kind in ("input_audio", "audio_url") else modality
+                    items[modality] = items.get(modality, 0) + 1
+                    extra += TOKENS_PER_IMAGE
+            content = " ".join(texts)
+        lines.append(f"{message['role']}: {content or ''}")
+        extra += CHAT_TOKENS_PER_MESSAGE
+    text = "\n".join(lines)
+    return ChatPrompt(text=text, tokens=count_tokens(text) + extra, mm_items=items)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One choice: its tokens (text pieces that concatenate to the answer) and why it stopped."""
+
+    pieces: tuple[str, ...]
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        """The whole answer."""
+        return "".join(self.pieces)
+
+
+def generate(model_name: str, prompt: str, index: int, max_tokens: int) -> Generated:
+    """The answer ``model_name`` gives to ``prompt`` (choice ``index``), at most ``max_tokens`` long."""
+    digest = hashlib.sha256(f"{model_name}\0{prompt}\0{index}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    natural = MIN_NATURAL_TOKENS + rng.randrange(NATURAL_TOKEN_SPREAD)
+    length = min(natural, max_tokens)
+    words = [rng.choice(_WORDS) for _ in range(length)]
+    pieces = [(" " if i else "") + (w.capitalize() if i == 0 else w) for i, w in enumerate(words)]
+    if length == natural and pieces:
+        pieces[-1] += "."
+    return Generated(tuple(pieces), "stop" if natural <= max_tokens else "length")

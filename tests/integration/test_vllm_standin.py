@@ -1,0 +1,569 @@
+"""The vLLM stand-in run as the Cloud Run stand-in runs it: ``python -m sandbox.vllm ARGS`` with the env contract.
+
+Every test starts a real child process on the sandbox clock (1 ms per simulated second) and talks to it over
+loopback HTTP. Readiness is awaited by polling the port or the log with a bounded deadline, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+
+from sandbox.gcs import FakeGcs, start_fake_gcs
+from sandbox.safetensors_format import TensorSpec, build_header
+from sandbox.serving import LOOPBACK, free_port
+
+TIME_SCALE = 0.001
+DEADLINE_S = 15.0
+READY_LINE = "Application startup complete."
+MODEL_PATH = "/models/tiny"
+BUCKET = "vllm-standin-models"
+GCS_MODEL_PREFIX = "model-cache/org/tiny"
+L4 = {"accelerator": "nvidia-l4", "driver_cuda": 12020}
+MODEL_GARDEN = {"entrypoint": "exec-args", "image_cuda": 12020}
+GENERIC_IMAGE = {"entrypoint": "vllm-serve", "image_cuda": 12090}
+CPU_IMAGE = {"entrypoint": "vllm-serve", "image_cuda": 0, "accelerator": "", "driver_cuda": 0}
+CPU_ENV_OK = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "max_position_embeddings": 4096,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 32,
+    "torch_dtype": "bfloat16",
+}
+
+
+# --- model fixtures -------------------------------------------------------------------------------------
+
+
+def write_model(directory: Path, shards: int = 1) -> None:
+    """A tiny valid checkpoint: config.json plus ``shards`` safetensors files (with an index when sharded)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(CONFIG))
+    weight_map: dict[str, str] = {}
+    for shard in range(1, shards + 1):
+        name = "model.safetensors" if shards == 1 else f"model-{shard:05d}-of-{shards:05d}.safetensors"
+        tensors = [TensorSpec(f"model.layers.{shard}.{part}.weight", "BF16", (64, 32)) for part in ("q", "k")]
+        data = bytes(range(256)) * (sum(t.nbytes for t in tensors) // 256)
+        (directory / name).write_bytes(build_header(tensors) + data)
+        weight_map.update({t.name: name for t in tensors})
+    if shards > 1:
+        index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A per-instance root filesystem holding a valid model at /models/tiny."""
+    write_model(tmp_path / "root" / MODEL_PATH.lstrip("/"))
+    return tmp_path / "root"
+
+
+@pytest.fixture(scope="module")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
+    """The GCS emulator with the tiny model uploaded under model-cache/org/tiny in one bucket."""
+    emulator = start_fake_gcs(tmp_path_factory.mktemp("gcs"))
+    try:
+        client = storage.Client(
+            project="sandbox-project",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": emulator.url},
+        )
+        bucket = client.create_bucket(BUCKET)
+        local = tmp_path_factory.mktemp("upload") / "tiny"
+        write_model(local, shards=2)
+        for path in sorted(local.iterdir()):
+            bucket.blob(f"{GCS_MODEL_PREFIX}/{path.name}").upload_from_filename(str(path))
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+# --- launching instances --------------------------------------------------------------------------------
+
+
+@dataclass
+class Instance:
+    """A running stand-in with its stdout and stderr collected line by line."""
+
+    process: subprocess.Popen
+    host_port: int
+    lines: list[str] = field(default_factory=list)
+    _open_streams: int = 2
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def _pump(self, stream: IO[str]) -> None:
+        for raw in stream:
+            with self._changed:
+                self.lines.append(raw.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._open_streams -= 1
+            self._changed.notify_all()
+
+    def start_reading(self) -> None:
+        for stream in (self.process.stdout, self.process.stderr):
+            threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines)
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.host_port}"
+
+    def wait_line(self, fragment: str, timeout: float = DEADLINE_S) -> str:
+        """The first output line containing ``fragment``; fails at the deadline or when the output ends."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                found = next((line for line in self.lines if fragment in line), None)
+                if found is not None:
+                    return found
+                remaining = deadline - time.monotonic()
+                if self._open_streams == 0 or remaining <= 0:
+                    pytest.fail(f"no {fragment!r} (exit code {self.process.poll()}):\n" + "\n".join(self.lines))
+                self._changed.wait(min(remaining, 0.5))
+
+    def wait_ready(self, timeout: float = DEADLINE_S) -> None:
+        """Poll the mapped port until it accepts a connection."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"exited {self.process.returncode} before listening:\n{self.output}")
+            if port_open(self.host_port):
+                return
+            time.sleep(0.01)
+        pytest.fail(f"port {self.host_port} not open within {timeout} s:\n{self.output}")
+
+    def wait_exit(self, timeout: float = DEADLINE_S) -> int:
+        """The exit code, once the process has ended and all its output is collected."""
+        code = self.process.wait(timeout=timeout)
+        with self._changed:
+            self._changed.wait_for(lambda: self._open_streams == 0, timeout=5)
+        return code
+
+    def stop(self) -> int:
+        """SIGTERM, as Cloud Run stops an instance."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.wait_exit(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def port_open(port: int) -> bool:
+    """Whether something accepts TCP connections on the loopback port."""
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+Launcher = Callable[..., Instance]
+
+
+@pytest.fixture
+def launch() -> Iterator[Launcher]:
+    """Start stand-in instances with the Cloud Run stand-in's env contract; all are stopped afterwards."""
+    started: list[Instance] = []
+
+    def _launch(
+        args: list[str],
+        *,
+        root: Path,
+        entrypoint: str = "exec-args",
+        accelerator: str = "nvidia-l4",
+        driver_cuda: int = 12020,
+        image_cuda: int = 12020,
+        container_port: int = 8080,
+        mounts: list[dict] | None = None,
+        faults: dict | None = None,
+        gcs_url: str | None = None,
+        time_scale: float = TIME_SCALE,
+        env: dict[str, str] | None = None,
+    ) -> Instance:
+        host_port = free_port()
+        contract = {
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONUNBUFFERED": "1",
+            "PORT": str(container_port),
+            "SANDBOX_IMAGE_ENTRYPOINT": entrypoint,
+            "SANDBOX_PORT_MAP": json.dumps({str(container_port): host_port}),
+            "SANDBOX_ACCELERATOR": accelerator,
+            "SANDBOX_DRIVER_CUDA": str(driver_cuda),
+            "SANDBOX_IMAGE_CUDA": str(image_cuda),
+            "SANDBOX_MOUNTS": json.dumps(mounts or []),
+            "SANDBOX_ROOT": str(root),
+            "SANDBOX_TIME_SCALE": repr(time_scale),
+            **({"STORAGE_EMULATOR_HOST": gcs_url} if gcs_url else {}),
+            **({"SANDBOX_VLLM_FAULTS": json.dumps(faults)} if faults else {}),
+            **(env or {}),
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandbox.vllm", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=contract,
+            cwd=root,
+        )
+        instance = Instance(process, host_port)
+        instance.start_reading()
+        started.append(instance)
+        return instance
+
+    yield _launch
+    for instance in started:
+        instance.stop()
+
+
+def serve(model: str = MODEL_PATH, *flags: str) -> list[str]:
+    """Model Garden style args: ``vllm serve MODEL --port 8080 --host 0.0.0.0 --enforce-eager FLAGS``."""
+    return ["vllm", "serve", model, "--port", "8080", "--host", "0.0.0.0", "--enforce-eager", *flags]
+
+
+def chat(url: str, model: str, content: str = "Introduce yourself in one sentence.", **extra: object) -> httpx.Response:
+    """POST a one-message chat completion."""
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
+
+
+def simulated_seconds(instance: Instance, fragment: str) -> float:
+    """The simulated duration a stand-in log line reports (``... took 4.00 seconds``)."""
+    line = instance.wait_line(fragment)
+    match = re.search(r"took ([0-9.]+) seconds", line)
+    assert match, line
+    return float(match.group(1))
+
+
+# --- serving --------------------------------------------------------------------------------------------
+
+
+def test_local_model_serves_the_openai_api(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(), root=root)
+    inst.wait_ready()
+    url = inst.url
+
+    health = httpx.get(f"{url}/health")
+    assert (health.status_code, health.content) == (200, b"")
+
+    models = httpx.get(f"{url}/v1/models").json()
+    assert models["object"] == "list"
+    card = models["data"][0]
+    assert card["id"] == MODEL_PATH and card["root"] == MODEL_PATH
+    assert (card["object"], card["owned_by"], card["parent"], card["max_model_len"]) == ("model", "vllm", None, 4096)
+
+    first = chat(url, MODEL_PATH, max_tokens=200)
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["object"] == "chat.completion" and body["model"] == MODEL_PATH
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert (
+        chat(url, MODEL_PATH, max_tokens=200).json()["choices"][0]["message"]["content"]
+        == (body["choices"][0]["message"]["content"])
+    ), "same prompt and model give the same answer"
+
+    short = chat(url, MODEL_PATH, max_tokens=2).json()
+    assert short["usage"]["completion_tokens"] == 2 and short["choices"][0]["finish_reason"] == "length"
+
+    completion = httpx.post(f"{url}/v1/completions", json={"model": MODEL_PATH, "prompt": "Hello", "max_tokens": 3})
+    assert completion.status_code == 200
+    assert completion.json()["object"] == "text_completion"
+    assert completion.json()["usage"]["completion_tokens"] <= 3
+
+    missing = chat(url, "google/gemma-4-E2B-it")
+    assert missing.status_code == 404
+    assert missing.json() == {
+        "error": {
+            "message": "The model `google/gemma-4-E2B-it` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
+
+    assert httpx.get(f"{url}/version").json() == {"version": "0.33.0"}
+    assert "vllm:request_success_total" in httpx.get(f"{url}/metrics").text
+    assert inst.stop() == 0, "SIGTERM stops the instance cleanly"
+    assert "Shutting down" in inst.output
+
+
+def test_streaming_chat_ends_with_done(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(), root=root)
+    inst.wait_ready()
+    body = {
+        "model": MODEL_PATH,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{inst.url}/v1/chat/completions", json=body, timeout=10) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert len(text.split()) == 4
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_concurrent_requests_run_in_one_batch(launch: Launcher, root: Path) -> None:
+    # Slow decoding keeps 8 requests in flight long enough for the engine's own gauge to show them together.
+    inst = launch(serve(), root=root, faults={"slow_tokens_per_s": 0.5}, time_scale=0.05)
+    inst.wait_ready()
+    body = {"model": MODEL_PATH, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+    def running() -> float:
+        metrics = httpx.get(f"{inst.url}/metrics", timeout=5).text
+        line = next(ln for ln in metrics.splitlines() if ln.startswith("vllm:num_requests_running"))
+        return float(line.split()[-1])
+
+    with httpx.Client(base_url=inst.url, timeout=30) as client, ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(client.post, "/v1/chat/completions", json=body) for _ in range(8)]
+        peak, deadline = 0.0, time.monotonic() + 10
+        while peak < 8 and time.monotonic() < deadline and not all(f.done() for f in futures):
+            peak = max(peak, running())
+        statuses = [f.result().status_code for f in futures]
+    assert statuses == [200] * 8
+    assert peak == 8
+
+
+def test_gcs_volume_mount_with_only_dir(launch: Launcher, tmp_path: Path, gcs: FakeGcs) -> None:
+    mount = {"mount_path": "/mnt/models", "bucket": BUCKET, "only_dir": "model-cache", "read_only": True}
+    inst = launch(serve("/mnt/models/org/tiny"), root=tmp_path, mounts=[mount], gcs_url=gcs.url)
+    inst.wait_ready()
+    assert httpx.get(f"{inst.url}/v1/models").json()["data"][0]["root"] == "/mnt/models/org/tiny"
+    assert chat(inst.url, "/mnt/models/org/tiny").status_code == 200
+    assert "Loading weights took" in inst.output
+
+
+def test_gs_path_streams_with_runai_streamer(launch: Launcher, tmp_path: Path, gcs: FakeGcs) -> None:
+    model = f"gs://{BUCKET}/{GCS_MODEL_PREFIX}"
+    inst = launch(
+        serve(model, "--load-format", "runai_streamer", "--served-model-name", "tiny"),
+        root=tmp_path,
+        gcs_url=gcs.url,
+    )
+    inst.wait_ready()
+    assert [m["id"] for m in httpx.get(f"{inst.url}/v1/models").json()["data"]] == ["tiny"]
+    completion = httpx.post(f"{inst.url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2})
+    assert completion.status_code == 200
+
+
+def test_gs_path_without_runai_streamer_is_taken_for_a_hub_repo(launch: Launcher, tmp_path: Path, gcs: FakeGcs) -> None:
+    inst = launch(serve(f"gs://{BUCKET}/{GCS_MODEL_PREFIX}"), root=tmp_path, gcs_url=gcs.url)
+    assert inst.wait_exit() == 1
+    assert "Invalid repository ID or local directory specified" in inst.output
+
+
+def test_port_refuses_connections_while_loading(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(), root=root, faults={"load_seconds": 600})
+    inst.wait_line("Starting to load model")
+    refusals = 0
+    while READY_LINE not in inst.output:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((LOOPBACK, inst.host_port), timeout=1).close()
+        refusals += 1
+        if refusals >= 3:
+            break
+        time.sleep(0.05)
+    assert refusals >= 1
+    inst.wait_ready()
+    assert READY_LINE in inst.output
+
+
+# --- start-up failures (field lessons) ------------------------------------------------------------------
+
+
+def test_unknown_flag_exits_2(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(MODEL_PATH, "--foo", "1"), root=root)
+    assert inst.wait_exit() == 2
+    assert "vllm serve: error: unrecognized arguments: --foo 1" in inst.output
+    assert "usage: vllm serve [model_tag] [options]" in inst.output
+
+
+def test_exec_args_image_needs_the_vllm_prefix(launch: Launcher, root: Path) -> None:
+    inst = launch(["serve", MODEL_PATH, "--port", "8080"], root=root, **MODEL_GARDEN)
+    assert inst.wait_exit() == 127
+    assert "serve: command not found" in inst.output
+
+
+def test_generic_image_on_l4_fails_with_old_driver(launch: Launcher, root: Path) -> None:
+    inst = launch([MODEL_PATH, "--port", "8080", "--enforce-eager"], root=root, **GENERIC_IMAGE, **L4)
+    assert inst.wait_exit() == 1
+    assert "RuntimeError: The NVIDIA driver on your system is too old (found version 12020)." in inst.output
+
+
+def test_generic_image_runs_on_rtx_pro_6000(launch: Launcher, root: Path) -> None:
+    inst = launch(
+        [MODEL_PATH, "--port", "8080", "--enforce-eager"],
+        root=root,
+        **GENERIC_IMAGE,
+        accelerator="nvidia-rtx-pro-6000",
+        driver_cuda=13000,
+    )
+    inst.wait_ready()
+
+
+def test_port_flag_must_match_the_container_port(launch: Launcher, root: Path) -> None:
+    args = ["vllm", "serve", MODEL_PATH, "--port", "8000", "--host", "0.0.0.0", "--enforce-eager"]
+    inst = launch(args, root=root, container_port=8080)
+    inst.wait_line(READY_LINE)
+    assert "http://0.0.0.0:8000" in inst.output
+    assert not port_open(inst.host_port), "nothing listens where Cloud Run probes"
+
+
+def test_without_enforce_eager_startup_compiles_for_minutes(launch: Launcher, root: Path) -> None:
+    args = ["vllm", "serve", MODEL_PATH, "--port", "8080", "--host", "0.0.0.0"]
+    eager = launch([*args, "--enforce-eager"], root=root)
+    compiled = launch(args, root=root)
+    eager_s = simulated_seconds(eager, "init engine")
+    compiled_s = simulated_seconds(compiled, "init engine")
+    assert compiled_s - eager_s > 300, (eager_s, compiled_s)
+    assert "torch.compile takes" in compiled.output and "torch.compile takes" not in eager.output
+
+
+def _no_config(directory: Path) -> None:
+    (directory / "config.json").unlink()
+
+
+def _missing_shard(directory: Path) -> None:
+    for path in directory.iterdir():
+        path.unlink()
+    write_model(directory, shards=2)
+    (directory / "model-00002-of-00002.safetensors").unlink()
+
+
+def _truncated(directory: Path) -> None:
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        (_no_config, ["does not appear to have a file named config.json", "Invalid repository ID"]),
+        (_missing_shard, ["model-00002-of-00002.safetensors", "Following weights were not initialized"]),
+        (_truncated, ["SafetensorError: Error while deserializing header: MetadataIncompleteBuffer"]),
+    ],
+    ids=["no-config", "index-names-missing-shard", "truncated-safetensors"],
+)
+def test_broken_model_directory_exits_1(
+    launch: Launcher, root: Path, breakage: Callable[[Path], None], expected: list[str]
+) -> None:
+    breakage(root / MODEL_PATH.lstrip("/"))
+    inst = launch(serve(), root=root)
+    assert inst.wait_exit() == 1
+    for fragment in expected:
+        assert fragment in inst.output
+
+
+def test_cpu_mode_serves_with_the_lesson_9_env(launch: Launcher, root: Path) -> None:
+    inst = launch([MODEL_PATH, "--port", "8080"], root=root, **CPU_IMAGE, env=CPU_ENV_OK)
+    inst.wait_ready()
+    assert chat(inst.url, MODEL_PATH, max_tokens=2).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("env", "symptom"),
+    [
+        ({"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}, "No available shared memory broadcast block"),
+        ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, "[c10d] The server socket has timed out"),
+    ],
+    ids=["multiprocessing-on", "no-loopback-rendezvous"],
+)
+def test_cpu_mode_without_the_lesson_9_env_never_opens_its_port(
+    launch: Launcher, root: Path, env: dict[str, str], symptom: str
+) -> None:
+    inst = launch([MODEL_PATH, "--port", "8080"], root=root, **CPU_IMAGE, env=env)
+    inst.wait_line(symptom)
+    assert not port_open(inst.host_port)
+    assert inst.process.poll() is None, "it hangs until the startup probe gives up"
+    assert inst.stop() == 0
+
+
+def test_hub_model_id_fails_offline(launch: Launcher, root: Path) -> None:
+    inst = launch(serve("google/gemma-4-E2B-it"), root=root, env={"HF_HUB_OFFLINE": "1"})
+    assert inst.wait_exit() == 1
+    assert "outgoing traffic has been disabled" in inst.output
+    assert "Invalid repository ID or local directory specified: 'google/gemma-4-E2B-it'" in inst.output
+
+
+def test_hub_model_id_fails_online_too(launch: Launcher, root: Path) -> None:
+    inst = launch(serve("google/gemma-4-E2B-it"), root=root)
+    assert inst.wait_exit() == 1
+    assert "download it from the Hugging Face Hub at boot" in inst.output
+    assert "Invalid repository ID" in inst.output
+
+
+def test_model_flag_warns_but_works(launch: Launcher, root: Path) -> None:
+    args = ["vllm", "serve", f"--model={MODEL_PATH}", "--port=8080", "--host=0.0.0.0", "--enforce-eager"]
+    inst = launch(args, root=root)
+    inst.wait_ready()
+    assert "you should provide the model as a positional argument" in inst.output
+    assert httpx.get(f"{inst.url}/v1/models").json()["data"][0]["id"] == MODEL_PATH
+
+
+def test_auto_tool_choice_needs_a_parser(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(MODEL_PATH, "--enable-auto-tool-choice"), root=root)
+    assert inst.wait_exit() == 1
+    assert "Error: --enable-auto-tool-choice requires --tool-call-parser" in inst.output
+
+
+# --- faults ---------------------------------------------------------------------------------------------
+
+
+def test_engine_death_turns_health_to_503(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(), root=root, faults={"engine_dead_after_requests": 1})
+    inst.wait_ready()
+    assert httpx.get(f"{inst.url}/health").status_code == 200
+    assert chat(inst.url, MODEL_PATH, max_tokens=2).status_code == 200
+    assert httpx.get(f"{inst.url}/health").status_code == 503
+    dead = chat(inst.url, MODEL_PATH, max_tokens=2)
+    assert dead.status_code == 500 and dead.json()["error"]["type"] == "InternalServerError"
+
+
+def test_wrong_served_name_fault(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(), root=root, faults={"served_model_name": "other"})
+    inst.wait_ready()
+    assert [m["id"] for m in httpx.get(f"{inst.url}/v1/models").json()["data"]] == ["other"]
+    assert chat(inst.url, MODEL_PATH).status_code == 404
+
+
+def test_crash_at_start_fault(launch: Launcher, root: Path) -> None:
+    inst = launch(serve(), root=root, faults={"crash_at_start": "CUDA error: an illegal memory access"})
+    assert inst.wait_exit() == 1
+    assert "RuntimeError: CUDA error: an illegal memory access" in inst.output
+    assert "Loading weights took" in inst.output, "the crash comes after loading"
