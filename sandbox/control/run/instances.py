@@ -131,22 +131,29 @@ class Instance:
         probe, scale = self.spec.probe, self.time_scale
         loop = asyncio.get_running_loop()
         started = loop.time()
+        # The window is enforced on the clock as well as by counting misses: probe overhead on a busy host
+        # must not stretch a 240 s window into more simulated time than Cloud Run would allow.
+        deadline = started + probe.window_s * scale
         if await self._exited_within(probe.initial_delay_s * scale):
-            return StartOutcome(False, self.process.returncode if self.process else None)
+            return StartOutcome(False, self._exit_code())
         failures = 0
-        while True:
-            attempt_started = loop.time()
-            if await self._probe_once(probe):
-                return StartOutcome(True, elapsed_sim_s=(loop.time() - started) / scale)
-            if self.process is not None and self.process.returncode is not None:
-                return StartOutcome(False, self.process.returncode, failures)
-            failures += 1
-            if failures >= probe.failure_threshold:
-                await self.stop()
-                return StartOutcome(False, None, failures, (loop.time() - started) / scale)
-            remaining = probe.period_s * scale - (loop.time() - attempt_started)
-            if await self._exited_within(max(remaining, 0)):
-                return StartOutcome(False, self.process.returncode if self.process else None, failures)
+        async with httpx.AsyncClient() as client:
+            while True:
+                attempt_started = loop.time()
+                if await self._probe_once(probe, client):
+                    return StartOutcome(True, elapsed_sim_s=(loop.time() - started) / scale)
+                if self._exit_code() is not None:
+                    return StartOutcome(False, self._exit_code(), failures)
+                failures += 1
+                if failures >= probe.failure_threshold or loop.time() >= deadline:
+                    await self.stop()
+                    return StartOutcome(False, None, failures, (loop.time() - started) / scale)
+                next_probe = min(attempt_started + probe.period_s * scale, deadline)
+                if await self._exited_within(max(next_probe - loop.time(), 0)):
+                    return StartOutcome(False, self._exit_code(), failures)
+
+    def _exit_code(self) -> int | None:
+        return self.process.returncode if self.process is not None else None
 
     async def _exited_within(self, seconds: float) -> bool:
         assert self.process is not None
@@ -156,7 +163,7 @@ class Instance:
             return False
         return True
 
-    async def _probe_once(self, probe: ProbeSpec) -> bool:
+    async def _probe_once(self, probe: ProbeSpec, client: httpx.AsyncClient) -> bool:
         timeout = max(probe.timeout_s * self.time_scale, MIN_REAL_PROBE_TIMEOUT_S)
         port = self.host_port if probe.port == self.spec.container_port else None
         if port is None:
@@ -166,8 +173,7 @@ class Instance:
         if probe.kind == "tcp":
             return await self._tcp_within(port, timeout)
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(f"http://{LOOPBACK}:{port}{probe.path}")
+            response = await client.get(f"http://{LOOPBACK}:{port}{probe.path}", timeout=timeout)
             return 200 <= response.status_code < 400
         except httpx.HTTPError:
             return False
