@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Route
 
 from sandbox.faults import FaultRule
 
@@ -63,7 +63,6 @@ def admin_routes(runtime: SandboxRuntime) -> list[BaseRoute]:
             setattr(runtime.config, key, value)
         return JSONResponse(runtime.config.model_dump())
 
-    assert runtime.run is not None
     return [
         Route("/info", info, methods=["GET"]),
         Route("/faults", add_fault, methods=["POST"]),
@@ -71,5 +70,4 @@ def admin_routes(runtime: SandboxRuntime) -> list[BaseRoute]:
         Route("/faults", clear_faults, methods=["DELETE"]),
         Route("/requests", requests, methods=["GET"]),
         Route("/config", update_config, methods=["POST"]),
-        Mount("/run", routes=runtime.run.admin_routes()),
     ]

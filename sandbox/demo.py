@@ -105,6 +105,9 @@ def _stage(target: GcpTarget, source: ModelSource, token: SecretStr) -> tuple[st
 
 
 def run_demo(state_dir: Path) -> int:
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
     started = time.monotonic()
     _step("Starting the sandbox (Hub, GCS emulator, Cloud Run control plane) on loopback")
     with SandboxHandle.start(state_dir) as sandbox:

@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Mount
 
 from sandbox.admin import admin_routes
 from sandbox.config import SANDBOX_HF_TOKEN, SandboxConfig
+from sandbox.control import ApiModule
 from sandbox.control.errors import GoogleApiError, google_error_handler
 from sandbox.control.run import CloudRun
 from sandbox.faults import FaultMiddleware, FaultRegistry
@@ -38,6 +39,7 @@ class SandboxRuntime:
         self.hub = HubState()
         self.gcs: FakeGcs | None = None
         self.run: CloudRun | None = None
+        self.apis: list[ApiModule] = []
         self.servers: dict[str, ServedApp] = {}
 
     async def start(self) -> dict:
@@ -50,6 +52,7 @@ class SandboxRuntime:
         self.hub.cdn_url = cdn.url
         self.servers["hub"] = await serve_app(FaultMiddleware(build_hub_app(self.hub), "hub", self.faults), "hub")
         self.run = CloudRun(self.config, self.faults, gcs_url=self.gcs.url, state_dir=self.state_dir / "run")
+        self.apis = [self.run]
         control = Starlette(
             routes=self._control_routes(),
             exception_handlers={GoogleApiError: google_error_handler},
@@ -57,7 +60,8 @@ class SandboxRuntime:
         self.servers["control"] = await serve_app(
             FaultMiddleware(control, "control", self.faults, record_bodies=True), "control"
         )
-        self.run.control_url = self.servers["control"].url
+        for api in self.apis:
+            api.control_url = self.servers["control"].url
         info = self.info()
         path = self.state_dir / INFO_FILE
         tmp = path.with_suffix(".tmp")
@@ -66,12 +70,12 @@ class SandboxRuntime:
         return info
 
     def _control_routes(self) -> list[BaseRoute]:
-        assert self.run is not None
-        return [
-            Mount("/_sandbox/hub", routes=hub_admin_routes(self.hub)),
-            Mount("/_sandbox", routes=admin_routes(self)),
-            *self.run.routes(),
+        admin = [
+            Mount("/hub", routes=hub_admin_routes(self.hub)),
+            *(Mount(f"/{api.name}", routes=api.admin_routes()) for api in self.apis),
+            *admin_routes(self),
         ]
+        return [Mount("/_sandbox", routes=admin), *(route for api in self.apis for route in api.routes())]
 
     def info(self) -> dict:
         """What a client needs: URLs, a ready-to-use GcpTarget and ModelSource settings."""
@@ -109,8 +113,8 @@ class SandboxRuntime:
         }
 
     async def stop(self) -> None:
-        if self.run is not None:
-            await self.run.shutdown()
+        for api in self.apis:
+            await api.shutdown()
         for server in reversed(list(self.servers.values())):
             await server.stop()
         if self.gcs is not None:

@@ -53,6 +53,8 @@ def test_hub_token_falls_back_to_the_environment(monkeypatch):
 def test_blocks_save_and_load_and_token_comes_from_a_secret_block(prefect_api, sandbox_target, monkeypatch):
     from prefect.blocks.system import Secret
 
+    for block in (GcpTarget, ServingProfile, ModelSource):
+        block.register_type_and_schema()  # what `prefect block register -m blocks` does
     sandbox_target.save("sandbox", overwrite=True)
     loaded = GcpTarget.load("sandbox")
     assert loaded.endpoint("run") == sandbox_target.endpoint("run")

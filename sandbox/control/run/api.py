@@ -87,6 +87,8 @@ class ServiceRecord:
 class CloudRun:
     """Services, revisions, operations and IAM policies of one sandbox project."""
 
+    name = "run"
+
     def __init__(self, config: SandboxConfig, faults: FaultRegistry, gcs_url: str, state_dir: Path) -> None:
         self.config = config
         self.faults = faults
