@@ -150,7 +150,7 @@ def test_a_probe_that_never_passes_fails_the_deploy_and_keeps_traffic(sb, servic
         update(services, sandbox_target, first.name, broken)
     message = caught.value.message
     assert "is not ready and cannot serve traffic" in message
-    assert "PORT=8080" in message
+    assert "failed the configured startup probe checks" in message
     after = services.get_service(name=first.name)
     failed = clients.run_revisions(sandbox_target).get_revision(name=after.latest_created_revision)
     ready = next(c for c in failed.conditions if c.type_ == "Ready")
@@ -159,6 +159,14 @@ def test_a_probe_that_never_passes_fails_the_deploy_and_keeps_traffic(sb, servic
     assert after.latest_ready_revision == first.latest_ready_revision
     assert [(t.revision, t.percent) for t in after.traffic_statuses] == [(short(first.latest_ready_revision), 100)]
     assert chat(after.uri).status_code == 200
+
+
+def test_default_tcp_probe_names_the_port_vllm_should_listen_on(services, sandbox_target, service_id):
+    # Seed 000's CPU deploy listened on 8000; Cloud Run's default probe waits 240 s for the PORT it announced.
+    spec = gpu_service(BUCKET, args=[a for a in vllm_args() if not a.startswith("--port")])
+    del spec.template.containers[0].startup_probe
+    with pytest.raises(exceptions.GoogleAPICallError, match="listen on the port defined provided by the PORT=8080"):
+        deploy(services, sandbox_target, service_id, spec)
 
 
 def test_without_enforce_eager_a_normal_probe_window_rolls_back(sb, services, sandbox_target, service_id):
@@ -234,13 +242,14 @@ def test_traffic_split_sends_requests_to_both_revisions(services, sandbox_target
     assert seen == {old, new}  # 40 fair coin flips all landing on one side: 2 in 10^12
 
 
-def test_deleting_a_service_closes_its_url(services, sandbox_target, service_id):
+def test_deleting_a_service_closes_its_url_and_stops_its_instances(sb, services, sandbox_target, service_id):
     service = deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
     services.delete_service(name=service.name).result(polling=clients.operation_polling(sandbox_target))
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{service.uri}/health", timeout=5)
     with pytest.raises(exceptions.NotFound):
         services.get_service(name=service.name)
+    assert [i for i in sb.run("GET", "/instances") if f"/services/{service_id}/" in i["revision"]] == []
 
 
 def test_model_path_must_exist_in_the_bucket(sb, services, sandbox_target, service_id):

@@ -30,7 +30,7 @@ from sandbox.control.run import resources as res
 from sandbox.control.run.frontend import FrontEnd, Routing
 from sandbox.control.run.images import DRIVERS, image_behaviour
 from sandbox.control.run.instances import Instance, InstanceSpec
-from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag
+from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag, has_field
 from sandbox.faults import FaultMiddleware, FaultRegistry
 from sandbox.serving import ServedApp, serve_app
 
@@ -423,7 +423,8 @@ class CloudRun:
         port = revision.containers[0].ports[0].container_port if revision.containers[0].ports else 8080
         if outcome is None or not outcome.ready:
             exit_code = outcome.exit_code if outcome else None
-            message = res.not_ready_message(short, port, revision.log_uri, exit_code)
+            configured = has_field(revision.containers[0], "startup_probe")
+            message = res.not_ready_message(short, port, revision.log_uri, exit_code, configured)
             revision.conditions = [
                 res.condition(
                     "Ready",

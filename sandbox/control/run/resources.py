@@ -170,13 +170,18 @@ def gcs_mounts(template: run_v2.RevisionTemplate, container: run_v2.Container) -
     return mounts
 
 
-def not_ready_message(revision_id: str, port: int, log_uri: str, exit_code: int | None) -> str:
-    """Cloud Run's message for a revision whose container never passed its startup probe (FACTS.md)."""
+def not_ready_message(revision_id: str, port: int, log_uri: str, exit_code: int | None, probe_configured: bool) -> str:
+    """Cloud Run's message for a revision that never passed its startup probe (FACTS.md; terraform logs)."""
     exited = f"Container called exit({exit_code}). " if exit_code is not None else ""
+    if probe_configured and exit_code is None:
+        cause = "The user-provided container failed the configured startup probe checks."
+    else:
+        cause = (
+            f"The user-provided container failed to start and listen on the port defined provided by the "
+            f"PORT={port} environment variable within the allocated timeout. This can happen when the container "
+            "port is misconfigured or if the timeout is too short. The health check timeout can be extended."
+        )
     return (
-        f"Revision '{revision_id}' is not ready and cannot serve traffic. {exited}The user-provided container "
-        f"failed to start and listen on the port defined provided by the PORT={port} environment variable "
-        "within the allocated timeout. This can happen when the container port is misconfigured or if the "
-        "timeout is too short. The health check timeout can be extended. Logs for this revision might "
-        f"contain more information.\n\nLogs URL: {log_uri}"
+        f"Revision '{revision_id}' is not ready and cannot serve traffic. {exited}{cause} Logs for this revision "
+        f"might contain more information.\n\nLogs URL: {log_uri}"
     )
