@@ -22,6 +22,7 @@ from sandbox.control.errors import GoogleApiError, google_error_handler
 from sandbox.control.run import CloudRun
 from sandbox.faults import FaultMiddleware, FaultRegistry
 from sandbox.gcs import FakeGcs, start_fake_gcs
+from sandbox.gcs_front import GcsFront
 from sandbox.hub.app import build_cdn_app, build_hub_app, hub_admin_routes
 from sandbox.hub.state import HubState, seed_default_repos
 from sandbox.serving import ServedApp, serve_app
@@ -38,6 +39,7 @@ class SandboxRuntime:
         self.faults = FaultRegistry()
         self.hub = HubState()
         self.gcs: FakeGcs | None = None
+        self.gcs_front: GcsFront | None = None
         self.run: CloudRun | None = None
         self.apis: list[ApiModule] = []
         self.servers: dict[str, ServedApp] = {}
@@ -45,6 +47,8 @@ class SandboxRuntime:
     async def start(self) -> dict:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.gcs = await asyncio.to_thread(start_fake_gcs, self.state_dir / "gcs")
+        self.gcs_front = GcsFront(self.gcs.url, self.config.project)
+        self.servers["gcs"] = await serve_app(FaultMiddleware(self.gcs_front.app(), "gcs", self.faults), "gcs")
         if self.config.seed_models:
             seed_default_repos(self.hub)
         cdn = await serve_app(FaultMiddleware(build_cdn_app(self.hub), "cdn", self.faults), "cdn")
@@ -87,7 +91,8 @@ class SandboxRuntime:
             "control_url": control,
             "hub_url": self.servers["hub"].url,
             "cdn_url": self.servers["cdn"].url,
-            "gcs_url": self.gcs.url,
+            "gcs_url": self.servers["gcs"].url,
+            "gcs_emulator_url": self.gcs.url,
             "time_scale": self.config.time_scale,
             "target": {
                 "project": self.config.project,
@@ -101,7 +106,7 @@ class SandboxRuntime:
                     "secretmanager": control,
                     "artifactregistry": control,
                     "logging": control,
-                    "storage": self.gcs.url,
+                    "storage": self.servers["gcs"].url,
                 },
                 "operation_poll_seconds": 0.05,
             },
@@ -117,5 +122,7 @@ class SandboxRuntime:
             await api.shutdown()
         for server in reversed(list(self.servers.values())):
             await server.stop()
+        if self.gcs_front is not None:
+            await self.gcs_front.close()
         if self.gcs is not None:
             await asyncio.to_thread(self.gcs.stop)

@@ -1,0 +1,455 @@
+"""The Hugging Face Hub: resolve a revision to a commit and its files, and stream files with resume.
+
+Every Hub call goes through one retry policy (lesson 11): 429 waits as long as the Hub asks (Retry-After in
+seconds or as an HTTP date, or the reset of the ``RateLimit`` header), with jitter, a cap per wait and a
+budget in total, and each wait is logged; 5xx, 408 and dropped connections back off exponentially; other
+4xx fail at once with a message that says what to do. huggingface_hub itself never retries
+``model_info``, which is why resolution needs this (FACTS.md). The token is sent to the Hub only; httpx
+drops it when the Hub redirects to its CDN.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import io
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+import google_crc32c
+import httpx
+import httpx2
+import tenacity
+from huggingface_hub import hf_hub_url
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.utils import parse_ratelimit_headers
+from pydantic import BaseModel, Field
+
+from blocks.source import ModelSource
+from tasks.clients import HubAccess
+from tasks.logs import run_logger
+
+T = TypeVar("T")
+
+
+class HubRetryPolicy(BaseModel):
+    """How long to keep trying the Hub. Waits on 429 follow the Hub's own hint, capped and budgeted."""
+
+    max_attempts: int = Field(8, ge=1, le=100, description="Attempts per call, the first included.")
+    max_wait_s: float = Field(300, gt=0, description="Longest single wait, even if the Hub asks for more.")
+    budget_s: float = Field(1800, gt=0, description="Total waiting allowed for one call before giving up.")
+    jitter: float = Field(0.1, ge=0, le=1, description="Random extra wait, as a share of each wait.")
+    backoff_initial_s: float = Field(1, gt=0, description="First wait after a 5xx or a dropped connection.")
+    backoff_max_s: float = Field(30, gt=0, description="Longest wait after a 5xx or a dropped connection.")
+
+
+class HubError(RuntimeError):
+    """A Hub failure that retrying cannot fix; the message says what to change."""
+
+
+class HubAccessDenied(HubError):
+    pass
+
+
+class HubNotFound(HubError):
+    pass
+
+
+class HubRateLimitExhausted(HubError):
+    pass
+
+
+class ChecksumMismatch(HubError):
+    pass
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str
+    size: int
+    git_blob_id: str
+    lfs_sha256: str | None
+
+    @property
+    def expected_digest(self) -> str:
+        """What verifies this file: the LFS sha256, or the git blob id for files stored in git."""
+        return self.lfs_sha256 or self.git_blob_id
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    repo_id: str
+    revision: str
+    commit: str
+    files: tuple[HubFile, ...]
+    gated: bool
+    private: bool
+
+
+class TransientHubResponse(Exception):
+    """A Hub answer worth retrying (429, 408, 5xx), with the headers that say how long to wait."""
+
+    def __init__(self, status: int, headers: httpx.Headers | dict, url: str) -> None:
+        super().__init__(f"HTTP {status} from {url}")
+        self.status = status
+        self.headers = headers
+
+
+class IncompleteBody(Exception):
+    """The connection ended before the announced number of bytes arrived."""
+
+
+def _status_and_headers(exc: BaseException) -> tuple[int, dict] | None:
+    if isinstance(exc, TransientHubResponse):
+        return exc.status, dict(exc.headers)
+    if isinstance(exc, HfHubHTTPError) and exc.response is not None:
+        return exc.response.status_code, dict(exc.response.headers)
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: 429, 408, 5xx, and connections that failed or dropped mid-body."""
+    if isinstance(exc, (httpx.TransportError, httpx2.TransportError, IncompleteBody)):
+        return True
+    found = _status_and_headers(exc)
+    return found is not None and (found[0] in (408, 429) or found[0] >= 500)
+
+
+def retry_after_seconds(headers: dict, now: float | None = None) -> float | None:
+    """Seconds the Hub asks us to wait: Retry-After (seconds or HTTP date), else the RateLimit reset."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    value = (lowered.get("retry-after") or "").strip()
+    if value:
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            try:
+                moment = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                moment = None
+            if moment is not None:
+                return max(moment.timestamp() - (time.time() if now is None else now), 0.0)
+    info = parse_ratelimit_headers(headers)
+    return float(info.reset_in_seconds) if info is not None else None
+
+
+class _HubWait(tenacity.wait.wait_base):
+    def __init__(self, policy: HubRetryPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        found = _status_and_headers(exc) if exc else None
+        hint = retry_after_seconds(found[1]) if found and found[0] == 429 else None
+        if hint is None:
+            hint = self.policy.backoff_initial_s * 2 ** (retry_state.attempt_number - 1)
+            hint = min(hint, self.policy.backoff_max_s)
+        wait = min(hint, self.policy.max_wait_s)
+        return wait + wait * self.policy.jitter * random.random()
+
+
+class _BudgetSpent(tenacity.stop.stop_base):
+    def __init__(self, policy: HubRetryPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return retry_state.idle_for + (retry_state.upcoming_sleep or 0) > self.policy.budget_s
+
+
+def _describe(exc: BaseException) -> str:
+    found = _status_and_headers(exc)
+    if found is None:
+        return f"connection to the Hub failed ({type(exc).__name__})"
+    if found[0] == 429:
+        return "rate limited by the Hub"
+    return f"the Hub answered HTTP {found[0]}"
+
+
+def hub_retrying(policy: HubRetryPolicy, what: str, log: logging.Logger | logging.LoggerAdapter) -> tenacity.Retrying:
+    """A tenacity policy for one Hub call (``what`` names it in the log)."""
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "%s, waiting %.0f s, attempt %d of %d (%s)",
+            _describe(exc) if exc else "Hub call failed",
+            state.upcoming_sleep,
+            state.attempt_number + 1,
+            policy.max_attempts,
+            what,
+        )
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        wait=_HubWait(policy),
+        stop=tenacity.stop_after_attempt(policy.max_attempts) | _BudgetSpent(policy),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+
+
+def call_hub(fn: Callable[[], T], what: str, policy: HubRetryPolicy, repo_id: str, endpoint: str) -> T:
+    """Run one Hub call under the retry policy, translating final failures into messages that say what to do."""
+    try:
+        return hub_retrying(policy, what, run_logger())(fn)
+    except Exception as exc:
+        raise translate_hub_error(exc, what, repo_id, endpoint) from None
+
+
+def translate_hub_error(exc: BaseException, what: str, repo_id: str, endpoint: str) -> BaseException:
+    if isinstance(exc, HubError):
+        return exc
+    token_hint = (
+        "set a token that can read it (ModelSource.token_secret_block names a Prefect Secret block, or HF_TOKEN)"
+    )
+    if isinstance(exc, GatedRepoError):
+        return gated_error(repo_id, endpoint)
+    if isinstance(exc, RevisionNotFoundError):
+        return HubNotFound(
+            f"{what}: revision not found in {repo_id}; use a branch, tag or full 40-character commit sha that "
+            f"exists at {endpoint}/{repo_id}"
+        )
+    if isinstance(exc, RemoteEntryNotFoundError):
+        return HubNotFound(f"{what}: file not found in {repo_id} at that commit; check allow_patterns")
+    if isinstance(exc, RepositoryNotFoundError):
+        return HubNotFound(
+            f"{what}: repo {repo_id} not found at {endpoint}, or it is private and the request was not allowed "
+            f"to see it: check the repo id, and {token_hint}"
+        )
+    found = _status_and_headers(exc)
+    if found is not None and found[0] in (401, 403):
+        return HubAccessDenied(
+            f"{what}: the Hub refused access to {repo_id} (HTTP {found[0]}): {token_hint}; for gated models accept "
+            f"the licence at {endpoint}/{repo_id} with the same account"
+        )
+    if is_transient(exc):
+        return HubRateLimitExhausted(
+            f"{what}: gave up on {repo_id} after the retry policy ran out ({_describe(exc)}). Anonymous calls from "
+            "cloud IPs are rate limited: set a token, or raise HubRetryPolicy.budget_s / max_attempts"
+        )
+    return HubError(f"{what}: {repo_id}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+def gated_error(repo_id: str, endpoint: str) -> HubAccessDenied:
+    return HubAccessDenied(
+        f"{repo_id} is gated: accept its licence at {endpoint}/{repo_id} with your Hugging Face account, then give "
+        "the pipeline a token of that account (a Prefect Secret block named in ModelSource.token_secret_block, "
+        "or HF_TOKEN)"
+    )
+
+
+def resolve_model(access: HubAccess, source: ModelSource, policy: HubRetryPolicy) -> ResolvedModel:
+    """The commit ``source.revision`` points at, with every file's size, git blob id and LFS sha256."""
+    api = access.api()
+    info = call_hub(
+        lambda: api.model_info(source.repo_id, revision=source.revision, files_metadata=True),
+        f"resolving {source.repo_id}@{source.revision}",
+        policy,
+        source.repo_id,
+        access.endpoint,
+    )
+    files = []
+    for sibling in info.siblings or []:
+        if sibling.size is None or sibling.blob_id is None:
+            raise HubError(f"the Hub listed {sibling.rfilename} in {source.repo_id} without its size or blob id")
+        files.append(
+            HubFile(sibling.rfilename, sibling.size, sibling.blob_id, sibling.lfs.sha256 if sibling.lfs else None)
+        )
+    gated = bool(info.gated)
+    if gated and access.token is None:
+        raise gated_error(source.repo_id, access.endpoint)
+    return ResolvedModel(
+        repo_id=source.repo_id,
+        revision=source.revision,
+        commit=info.sha or "",
+        files=tuple(sorted(files, key=lambda f: f.path)),
+        gated=gated,
+        private=bool(info.private),
+    )
+
+
+class Digests:
+    """sha256, git blob sha1 and crc32c of a byte stream, computed on the way."""
+
+    def __init__(self, size: int) -> None:
+        self.sha256 = hashlib.sha256()
+        self.git_sha1 = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
+        self.crc32c = google_crc32c.Checksum()
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.git_sha1.update(data)
+        self.crc32c.update(data)
+
+    def matches(self, item: HubFile) -> bool:
+        if item.lfs_sha256:
+            return self.sha256.hexdigest() == item.lfs_sha256
+        return self.git_sha1.hexdigest() == item.git_blob_id
+
+
+class HubFileStream(io.RawIOBase):
+    """A Hub file as a read-only stream that resumes dropped connections and verifies itself.
+
+    ``read(n)`` returns exactly n bytes until the end (upload libraries rely on that). The digest is checked
+    when the last byte arrives, before it is handed out, so an upload fed by this stream never receives the
+    end of a corrupt file and never finalizes it.
+    """
+
+    def __init__(
+        self,
+        client: httpx.Client,
+        access: HubAccess,
+        repo_id: str,
+        commit: str,
+        item: HubFile,
+        policy: HubRetryPolicy,
+    ) -> None:
+        super().__init__()
+        self.client = client
+        self.access = access
+        self.repo_id = repo_id
+        self.item = item
+        self.policy = policy
+        self.url = hf_hub_url(repo_id, item.path, revision=commit, endpoint=access.endpoint)
+        self.digests = Digests(item.size)
+        self.received = 0
+        self.position = 0
+        self._buffer = bytearray()
+        self._response: httpx.Response | None = None
+        self._pieces: Iterator[bytes] | None = None
+        self._cdn_url: str | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int = -1) -> bytes:
+        want = self.item.size - self.position if size is None or size < 0 else size
+        while len(self._buffer) < want and self.received < self.item.size:
+            self._buffer += self._next_piece()
+        out = bytes(self._buffer[:want])
+        del self._buffer[:want]
+        self.position += len(out)
+        return out
+
+    def readinto(self, target) -> int:
+        data = self.read(len(target))
+        target[: len(data)] = data
+        return len(data)
+
+    def _next_piece(self) -> bytes:
+        what = f"downloading {self.repo_id}/{self.item.path}"
+        try:
+            piece = hub_retrying(self.policy, what, run_logger())(self._pull)
+        except Exception as exc:
+            self._drop_connection()
+            raise translate_hub_error(exc, what, self.repo_id, self.access.endpoint) from None
+        self.received += len(piece)
+        if self.received > self.item.size:
+            raise ChecksumMismatch(f"{self.item.path}: the Hub sent more than the {self.item.size} bytes it announced")
+        self.digests.update(piece)
+        if self.received == self.item.size and not self.digests.matches(self.item):
+            raise ChecksumMismatch(
+                f"{self.repo_id}/{self.item.path}: content does not match the Hub's "
+                f"{'sha256' if self.item.lfs_sha256 else 'git blob id'} {self.item.expected_digest}; nothing was kept"
+            )
+        return piece
+
+    def _pull(self) -> bytes:
+        if self._pieces is None:
+            self._open()
+        assert self._pieces is not None
+        try:
+            return next(self._pieces)
+        except StopIteration:
+            self._drop_connection()
+            raise IncompleteBody(f"{self.item.path}: connection ended at byte {self.received}") from None
+        except httpx.TransportError:
+            self._drop_connection()
+            raise
+
+    def _open(self) -> None:
+        headers = {"Accept-Encoding": "identity"}
+        if self.received:
+            headers["Range"] = f"bytes={self.received}-"
+        if self._cdn_url is None:
+            response = self._follow_hub(headers)
+        else:
+            # Resumes go straight to the CDN URL the Hub signed: no token there, and no extra Hub call.
+            response = self.client.send(self.client.build_request("GET", self._cdn_url, headers=headers), stream=True)
+            if response.status_code in (401, 403, 404, 410):  # the signed URL expired: ask the Hub again
+                response.close()
+                self._cdn_url = None
+                raise IncompleteBody(f"{self.item.path}: CDN URL expired at byte {self.received}")
+        if response.status_code in (200, 206):
+            skip = self.received if response.status_code == 200 else 0
+            self._response, self._pieces = response, _skip(response.iter_raw(), skip)
+            return
+        response.read()
+        response.close()
+        if response.status_code in (408, 429) or response.status_code >= 500:
+            raise TransientHubResponse(response.status_code, response.headers, str(response.url))
+        raise _http_error(response, self.repo_id, self.item.path, self.access.endpoint)
+
+    def _follow_hub(self, headers: dict[str, str]) -> httpx.Response:
+        """GET the resolve URL with the token; remember the CDN URL an LFS file redirects to."""
+        url = self.url
+        hub_origin = httpx.URL(self.url).netloc
+        for _ in range(5):
+            sent = dict(headers)
+            on_hub = httpx.URL(url).netloc == hub_origin
+            if on_hub and self.access.token is not None:
+                sent["Authorization"] = f"Bearer {self.access.token.get_secret_value()}"
+            response = self.client.send(self.client.build_request("GET", url, headers=sent), stream=True)
+            if not response.is_redirect:
+                return response
+            response.close()
+            url = str(response.url.join(response.headers["location"]))
+            if httpx.URL(url).netloc != hub_origin:
+                self._cdn_url = url
+        raise HubError(f"downloading {self.repo_id}/{self.item.path}: too many redirects")
+
+    def _drop_connection(self) -> None:
+        if self._response is not None:
+            self._response.close()
+        self._response, self._pieces = None, None
+
+    def close(self) -> None:
+        self._drop_connection()
+        super().close()
+
+
+def _skip(pieces: Iterator[bytes], count: int) -> Iterator[bytes]:
+    """Drop the first ``count`` bytes (a server that ignored our Range header sent them again)."""
+    for piece in pieces:
+        if count >= len(piece):
+            count -= len(piece)
+            continue
+        yield piece[count:]
+        count = 0
+
+
+def _http_error(response: httpx.Response, repo_id: str, path: str, endpoint: str) -> HubError:
+    code = response.headers.get("x-error-code", "")
+    if code == "GatedRepo":
+        return gated_error(repo_id, endpoint)
+    if response.status_code in (401, 403):
+        return HubAccessDenied(
+            f"downloading {repo_id}/{path}: the Hub refused access (HTTP {response.status_code}); set a token that "
+            "can read the repo (ModelSource.token_secret_block or HF_TOKEN)"
+        )
+    if response.status_code == 404:
+        return HubNotFound(f"downloading {repo_id}/{path}: not found at the resolved commit ({code or 'HTTP 404'})")
+    return HubError(f"downloading {repo_id}/{path}: HTTP {response.status_code} {code}".rstrip())

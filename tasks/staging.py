@@ -1,0 +1,379 @@
+"""Stage a model's weights from the Hub into GCS: streamed, verified, resumable, idempotent.
+
+Layout: ``gs://{bucket}/{prefix}/{repo_id}/{commit}/{path}``; every object carries its sha256, git blob id
+and source in metadata. Each file streams from the Hub straight into a GCS upload (no local copy, memory
+bounded by chunk size times parallel files) while its sha256 / git blob id and crc32c are computed; a file
+whose content does not match the Hub's digest never finalizes its upload, and an object whose crc32c does
+not match ours is deleted. ``_manifest.json`` is written last, only when every file is verified: its
+presence means complete. A rerun skips verified objects; a complete manifest makes the stage a no-op in one
+Hub call and one GCS read (lessons 11, 15, 18).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import time
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+
+import httpx
+from google.api_core import exceptions as gexc
+from google.cloud import storage as gcs
+from prefect import task
+from pydantic import BaseModel, Field, SecretStr
+
+from blocks.source import ModelSource
+from blocks.target import GcpTarget
+from tasks import clients
+from tasks.hub import (
+    ChecksumMismatch,
+    Digests,
+    HubFile,
+    HubFileStream,
+    HubRetryPolicy,
+    ResolvedModel,
+    resolve_model,
+)
+from tasks.logs import run_logger
+from tasks.progress import ByteProgress
+from tasks.selection import select_files
+
+MANIFEST = "_manifest.json"
+SIMPLE_UPLOAD_LIMIT = 8 * 1024 * 1024  # google-cloud-storage's multipart/resumable threshold
+
+
+class StagingError(RuntimeError):
+    """Staging cannot proceed; the message names the bucket or file and the fix."""
+
+
+class StagingOptions(BaseModel):
+    """Knobs of the stager; the defaults keep memory under about 150 MB for any model size."""
+
+    parallel_files: int = Field(4, ge=1, le=32, description="Files streamed at once.")
+    chunk_mib: int = Field(16, ge=1, le=256, description="GCS resumable upload chunk, MiB (memory per file).")
+    retry: HubRetryPolicy = Field(default_factory=HubRetryPolicy, description="Hub retry and 429 policy.")
+
+
+class StagedFile(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    git_blob_id: str
+
+
+class Manifest(BaseModel):
+    """Written last: lists every verified object of one commit."""
+
+    repo_id: str
+    commit: str
+    revision: str
+    files: list[StagedFile]
+    total_bytes: int
+    staged_at: str
+
+    def covers(self, selected: list[HubFile]) -> bool:
+        have = {f.path: f for f in self.files}
+        return all(
+            f.path in have
+            and have[f.path].size == f.size
+            and have[f.path].git_blob_id == f.git_blob_id
+            and (f.lfs_sha256 is None or have[f.path].sha256 == f.lfs_sha256)
+            for f in selected
+        )
+
+
+class StagingResult(BaseModel):
+    """What later steps and the promotion report use."""
+
+    repo_id: str
+    commit: str
+    uri: str = Field(description="gs:// folder of the commit; serving points here.")
+    object_prefix: str = Field(description="Object prefix of the commit inside the bucket.")
+    files_uploaded: int
+    files_skipped: int
+    bytes_uploaded: int
+    bytes_skipped: int
+    total_bytes: int
+    seconds: float
+    mb_per_s: float
+    noop: bool = Field(description="The manifest was already complete: nothing was read from the Hub.")
+
+
+def commit_prefix(target: GcpTarget, repo_id: str, commit: str) -> str:
+    return f"{target.model_prefix}/{repo_id}/{commit}"
+
+
+def _content_type(path: str) -> str:
+    if path.endswith(".json"):
+        return "application/json"
+    if path.endswith((".txt", ".jinja", ".md", ".model", ".tiktoken")):
+        return "text/plain"
+    return "application/octet-stream"
+
+
+def _crc32c_b64(digests: Digests) -> str:
+    return base64.b64encode(digests.crc32c.digest()).decode()
+
+
+def read_manifest(bucket: gcs.Bucket, prefix: str) -> Manifest | None:
+    try:
+        return Manifest.model_validate_json(bucket.blob(f"{prefix}/{MANIFEST}").download_as_bytes())
+    except gexc.NotFound:
+        return None
+    except ValueError:
+        return None  # unreadable manifest: stage again and rewrite it
+
+
+def check_bucket(storage: gcs.Client, target: GcpTarget) -> gcs.Bucket:
+    """The target's bucket, or an error that names it and says how to fix it."""
+    name = target.bucket_name
+    try:
+        bucket = storage.get_bucket(name)
+    except gexc.NotFound:
+        raise StagingError(
+            f"bucket gs://{name} does not exist: run the ensure-infra step, or create it with `gcloud storage "
+            f"buckets create gs://{name} --location={target.region} --uniform-bucket-level-access "
+            "--public-access-prevention`"
+        ) from None
+    except gexc.Forbidden:
+        raise StagingError(
+            f"permission denied on bucket gs://{name}: grant the identity running this flow "
+            "roles/storage.objectAdmin on it, or set GcpTarget.bucket to a bucket it may write"
+        ) from None
+    if (bucket.location or "").lower() != target.region:
+        raise StagingError(
+            f"bucket gs://{name} is in {bucket.location}, the service in {target.region}: weights must sit in the "
+            f"service's own region (lesson 18); set GcpTarget.bucket to a bucket in {target.region}, or leave it "
+            "empty for the default name"
+        )
+    return bucket
+
+
+def _is_verified(blob: gcs.Blob | None, item: HubFile) -> bool:
+    if blob is None or blob.size != item.size:
+        return False
+    metadata = blob.metadata or {}
+    if item.lfs_sha256:
+        return metadata.get("sha256") == item.lfs_sha256
+    return metadata.get("git-blob-id") == item.git_blob_id
+
+
+class _Uploader:
+    """Streams files of one commit into the bucket; thread-safe, one HTTP client and one GCS client."""
+
+    def __init__(
+        self,
+        bucket: gcs.Bucket,
+        prefix: str,
+        access: clients.HubAccess,
+        resolved: ResolvedModel,
+        options: StagingOptions,
+        progress: ByteProgress,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix
+        self.access = access
+        self.resolved = resolved
+        self.options = options
+        self.progress = progress
+        self.http = httpx.Client(
+            timeout=httpx.Timeout(60, connect=15),
+            limits=httpx.Limits(max_connections=2 * options.parallel_files + 2),
+        )
+
+    def upload(self, item: HubFile) -> StagedFile:
+        stream = _CountingStream(
+            HubFileStream(
+                self.http, self.access, self.resolved.repo_id, self.resolved.commit, item, self.options.retry
+            ),
+            self.progress,
+        )
+        blob = self.bucket.blob(f"{self.prefix}/{item.path}", chunk_size=self.options.chunk_mib * 1024 * 1024)
+        source = f"hf://{self.resolved.repo_id}@{self.resolved.commit}/{item.path}"
+        try:
+            if item.lfs_sha256 is None and item.size <= SIMPLE_UPLOAD_LIMIT:
+                data = stream.read()  # small git files: verified in full before the single upload request
+                blob.metadata = self._metadata(stream.digests.sha256.hexdigest(), item, source)
+                blob.upload_from_string(data, content_type=_content_type(item.path), checksum=None)
+            else:
+                blob.metadata = self._metadata(item.lfs_sha256 or "", item, source)
+                blob.upload_from_file(
+                    stream, size=item.size, content_type=_content_type(item.path), checksum=None, rewind=False
+                )
+        finally:
+            stream.close()
+        if blob.crc32c != _crc32c_b64(stream.digests):
+            blob.delete()
+            raise ChecksumMismatch(
+                f"gs://{self.bucket.name}/{blob.name}: stored crc32c {blob.crc32c} differs from the streamed "
+                f"{_crc32c_b64(stream.digests)}; the object was deleted"
+            )
+        return StagedFile(
+            path=item.path, size=item.size, sha256=stream.digests.sha256.hexdigest(), git_blob_id=item.git_blob_id
+        )
+
+    @staticmethod
+    def _metadata(sha256: str, item: HubFile, source: str) -> dict[str, str]:
+        return {"sha256": sha256, "git-blob-id": item.git_blob_id, "source": source}
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class _CountingStream:
+    """Passes reads through and counts bytes for the progress report."""
+
+    def __init__(self, inner: HubFileStream, progress: ByteProgress) -> None:
+        self.inner = inner
+        self.progress = progress
+
+    @property
+    def digests(self) -> Digests:
+        return self.inner.digests
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size)
+        self.progress.add(len(data))
+        return data
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def stage_model(
+    target: GcpTarget,
+    source: ModelSource,
+    token: SecretStr | None,
+    options: StagingOptions | None = None,
+) -> StagingResult:
+    """Resolve ``source`` and make ``gs://bucket/prefix/repo/commit/`` hold exactly its verified files."""
+    options = options or StagingOptions()
+    started = time.monotonic()
+    log = run_logger()
+    access = clients.hub(source, token)
+    resolved = resolve_model(access, source, options.retry)
+    selected = select_files(resolved.files, source.allow_patterns, source.ignore_patterns, source.repo_id)
+    total = sum(f.size for f in selected)
+    storage = clients.storage(target)
+    prefix = commit_prefix(target, source.repo_id, resolved.commit)
+    uri = f"gs://{target.bucket_name}/{prefix}"
+
+    manifest = read_manifest(storage.bucket(target.bucket_name), prefix)
+    if manifest is not None and manifest.covers(selected):
+        log.info("%s@%s is already staged at %s (manifest complete)", source.repo_id, resolved.commit[:12], uri)
+        return _result(source, resolved, uri, prefix, [], selected, total, started, noop=True)
+
+    bucket = check_bucket(storage, target)
+    existing = {b.name: b for b in storage.list_blobs(bucket, prefix=f"{prefix}/")}
+    todo = [f for f in selected if not _is_verified(existing.get(f"{prefix}/{f.path}"), f)]
+    skipped = [f for f in selected if f not in todo]
+    log.info(
+        "staging %s@%s (%s) to %s: %d files to upload (%.1f MB), %d already verified",
+        source.repo_id,
+        resolved.commit[:12],
+        source.revision,
+        uri,
+        len(todo),
+        sum(f.size for f in todo) / 1e6,
+        len(skipped),
+    )
+    progress = ByteProgress(total, sum(f.size for f in skipped), f"staging-{source.repo_id}", f"staging {uri}")
+    staged = _upload_all(bucket, prefix, access, resolved, options, progress, todo)
+    recorded = {f.path: f for f in staged}
+    for item in skipped:
+        blob = existing[f"{prefix}/{item.path}"]
+        recorded[item.path] = StagedFile(
+            path=item.path, size=item.size, sha256=blob.metadata["sha256"], git_blob_id=item.git_blob_id
+        )
+    manifest = Manifest(
+        repo_id=source.repo_id,
+        commit=resolved.commit,
+        revision=source.revision,
+        files=[recorded[f.path] for f in selected],
+        total_bytes=total,
+        staged_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    bucket.blob(f"{prefix}/{MANIFEST}").upload_from_string(
+        json.dumps(manifest.model_dump(), indent=1), content_type="application/json"
+    )
+    progress.report()
+    return _result(source, resolved, uri, prefix, todo, skipped, total, started, noop=False)
+
+
+def _upload_all(
+    bucket: gcs.Bucket,
+    prefix: str,
+    access: clients.HubAccess,
+    resolved: ResolvedModel,
+    options: StagingOptions,
+    progress: ByteProgress,
+    todo: list[HubFile],
+) -> list[StagedFile]:
+    uploader = _Uploader(bucket, prefix, access, resolved, options, progress)
+    try:
+        with ThreadPoolExecutor(options.parallel_files, thread_name_prefix="stage") as pool:
+            # Largest first: the long transfers start early and the small ones fill the gaps.
+            futures: list[Future[StagedFile]] = [
+                pool.submit(uploader.upload, item) for item in sorted(todo, key=lambda f: -f.size)
+            ]
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+                progress.report()
+                failed = [f for f in done if f.exception() is not None]
+                if failed:
+                    for future in pending:
+                        future.cancel()
+                    wait(pending)  # files in flight finish (they are valid); queued ones never start
+                    raise failed[0].exception()  # type: ignore[misc]
+            return [f.result() for f in futures]
+    finally:
+        uploader.close()
+
+
+def _result(
+    source: ModelSource,
+    resolved: ResolvedModel,
+    uri: str,
+    prefix: str,
+    uploaded: list[HubFile],
+    skipped: list[HubFile],
+    total: int,
+    started: float,
+    noop: bool,
+) -> StagingResult:
+    seconds = time.monotonic() - started
+    sent = sum(f.size for f in uploaded)
+    return StagingResult(
+        repo_id=source.repo_id,
+        commit=resolved.commit,
+        uri=uri,
+        object_prefix=prefix,
+        files_uploaded=len(uploaded),
+        files_skipped=len(skipped),
+        bytes_uploaded=sent,
+        bytes_skipped=total - sent,
+        total_bytes=total,
+        seconds=round(seconds, 3),
+        mb_per_s=round(sent / seconds / 1e6, 1) if seconds > 0 else 0.0,
+        noop=noop,
+    )
+
+
+@task(name="hf_stage_model", task_run_name="stage {source.repo_id}@{source.revision}")
+def hf_stage_model(
+    target: GcpTarget,
+    source: ModelSource,
+    token_secret_block: str | None = None,
+    options: StagingOptions | None = None,
+) -> StagingResult:
+    """Stream the model's files from the Hugging Face Hub into the target's bucket, verified, manifest last.
+
+    The Hub token comes from the Prefect Secret block named here or in the source, else HF_TOKEN; it never
+    appears in parameters, logs or artifacts.
+    """
+    return stage_model(target, source, clients.hub_token(source, token_secret_block), options)

@@ -1,0 +1,271 @@
+"""Staging weights from the Hub stand-in into the GCS emulator with the real clients."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from blocks import GcpTarget, ModelSource
+from sandbox.config import SANDBOX_HF_TOKEN_NO_ACCESS
+from tasks import clients
+from tasks.hub import ChecksumMismatch, HubAccessDenied, HubNotFound, HubRateLimitExhausted, HubRetryPolicy
+from tasks.staging import MANIFEST, StagingError, StagingOptions, stage_model
+
+_ids = itertools.count()
+FAST_RETRY = HubRetryPolicy(backoff_initial_s=0.05, backoff_max_s=0.2)
+
+
+@pytest.fixture
+def target(sandbox_target) -> GcpTarget:
+    """The sandbox target with a fresh, empty bucket in its region."""
+    fresh = sandbox_target.model_copy(update={"bucket": f"stage-test-{next(_ids)}"})
+    clients.storage(fresh).create_bucket(fresh.bucket_name, location=fresh.region)
+    return fresh
+
+
+@pytest.fixture
+def repo(sb) -> str:
+    """A freshly generated repo: ~6 MB in 3 shards, plus the .bin and original/ duplicates."""
+    repo_id = f"stage/model-{next(_ids)}"
+    sb.hub("POST", "/repos", json={"repo_id": repo_id, "weight_bytes": 6_000_000, "shards": 3})
+    return repo_id
+
+
+def source(sb, repo_id: str, **kwargs) -> ModelSource:
+    return ModelSource(repo_id=repo_id, hub_endpoint=sb.hub_url, **kwargs)
+
+
+def token(sb) -> SecretStr:
+    return SecretStr(sb.hub_token)
+
+
+def hub_files(sb, repo_id: str, revision: str = "main") -> dict[str, dict]:
+    return {f["path"]: f for f in sb.hub("GET", f"/repos/{repo_id}", params={"revision": revision})["files"]}
+
+
+def objects(target: GcpTarget, prefix: str) -> dict[str, bytes]:
+    storage = clients.storage(target)
+    return {
+        b.name.removeprefix(prefix + "/"): b.download_as_bytes()
+        for b in storage.list_blobs(target.bucket_name, prefix=prefix + "/")
+    }
+
+
+def test_full_stage_is_verified_byte_for_byte(sb, target, repo):
+    result = stage_model(target, source(sb, repo), token(sb))
+    expected = hub_files(sb, repo)
+    assert result.uri == f"gs://{target.bucket_name}/model-cache/{repo}/{result.commit}"
+    stored = objects(target, result.object_prefix)
+    assert MANIFEST in stored
+    staged = {path: data for path, data in stored.items() if path != MANIFEST}
+    assert set(staged) == {p for p in expected if "/" not in p and not p.endswith((".bin", ".md", ".gitattributes"))}
+    for path, data in staged.items():
+        hub = expected[path]
+        assert len(data) == hub["size"]
+        if hub["lfs_sha256"]:
+            assert hashlib.sha256(data).hexdigest() == hub["lfs_sha256"]
+        else:
+            assert hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest() == hub["oid"]
+        served = httpx.get(f"{sb.hub_url}/{repo}/resolve/{result.commit}/{path}", follow_redirects=True).content
+        assert data == served
+    manifest = json.loads(stored[MANIFEST])
+    assert manifest["commit"] == result.commit and manifest["repo_id"] == repo
+    assert {f["path"] for f in manifest["files"]} == set(staged)
+    assert manifest["total_bytes"] == sum(len(d) for d in staged.values()) == result.total_bytes
+    metadata = (
+        clients.storage(target)
+        .bucket(target.bucket_name)
+        .get_blob(f"{result.object_prefix}/model-00001-of-00003.safetensors")
+        .metadata
+    )
+    assert metadata["sha256"] == expected["model-00001-of-00003.safetensors"]["lfs_sha256"]
+    assert metadata["source"] == f"hf://{repo}@{result.commit}/model-00001-of-00003.safetensors"
+    assert (result.files_uploaded, result.files_skipped, result.noop) == (len(staged), 0, False)
+
+
+def test_second_run_is_a_no_op_in_one_hub_call(sb, target, repo):
+    first = stage_model(target, source(sb, repo), token(sb))
+    since = sb.last_request_seq()
+    second = stage_model(target, source(sb, repo), token(sb))
+    assert second.noop and second.files_uploaded == 0 and second.bytes_uploaded == 0
+    assert second.commit == first.commit
+    hub_calls = [r for r in sb.requests(since=since) if r["server"] in ("hub", "cdn")]
+    assert [(r["method"], r["path"]) for r in hub_calls] == [("GET", f"/api/models/{repo}/revision/main")]
+
+
+def test_revision_by_tag_branch_and_sha_lands_in_its_commit_folder(sb, target):
+    tags = sb.hub("GET", "/repos/sandbox/tiny-chat")
+    by_tag = stage_model(target, source(sb, "sandbox/tiny-chat", revision="v1.0"), token(sb))
+    by_branch = stage_model(target, source(sb, "sandbox/tiny-chat", revision="dev"), token(sb))
+    assert by_tag.commit == tags["tags"]["v1.0"] and by_branch.commit == tags["branches"]["dev"]
+    by_sha = stage_model(target, source(sb, "sandbox/tiny-chat", revision=by_tag.commit), token(sb))
+    assert by_sha.noop and by_sha.uri == by_tag.uri != by_branch.uri
+
+
+def test_gated_repo_without_a_token_fails_before_any_download(sb, target):
+    since = sb.last_request_seq()
+    with pytest.raises(HubAccessDenied, match=r"sandbox/gated-chat is gated: accept its licence at"):
+        stage_model(target, source(sb, "sandbox/gated-chat"), None)
+    assert [r["path"] for r in sb.requests("hub", since=since)] == ["/api/models/sandbox/gated-chat/revision/main"]
+
+
+def test_gated_repo_with_a_token_that_lacks_access_fails_at_once(sb, target):
+    since = sb.last_request_seq()
+    with pytest.raises(HubAccessDenied, match="is gated: accept its licence") as caught:
+        stage_model(target, source(sb, "sandbox/gated-chat"), SecretStr(SANDBOX_HF_TOKEN_NO_ACCESS))
+    assert SANDBOX_HF_TOKEN_NO_ACCESS not in str(caught.value)
+    downloads = [r for r in sb.requests("hub", since=since) if "/resolve/" in r["path"]]
+    assert all(r["status"] == 403 for r in downloads)
+    assert len(downloads) == len({r["path"] for r in downloads})  # no retries
+    assert list(clients.storage(target).list_blobs(target.bucket_name)) == []
+
+
+def test_gated_repo_with_the_right_token_stages(sb, target):
+    assert stage_model(target, source(sb, "sandbox/gated-chat"), token(sb)).files_uploaded > 0
+
+
+@pytest.mark.parametrize(
+    ("repo_id", "revision", "expected"),
+    [
+        ("stage/does-not-exist", "main", "repo stage/does-not-exist not found"),
+        ("sandbox/tiny-chat", "no-such-branch", "revision not found in sandbox/tiny-chat"),
+    ],
+)
+def test_missing_repo_or_revision_names_it(sb, target, repo_id, revision, expected):
+    with pytest.raises(HubNotFound, match=expected):
+        stage_model(target, source(sb, repo_id, revision=revision), token(sb))
+
+
+def test_a_file_missing_at_download_fails_with_its_name(sb, target, repo):
+    sb.add_fault("hub", path=r"/resolve/.*/tokenizer\.json$", status=404, headers={"X-Error-Code": "EntryNotFound"})
+    with pytest.raises(HubNotFound, match=rf"downloading {repo}/tokenizer\.json: not found"):
+        stage_model(target, source(sb, repo), token(sb))
+
+
+def test_half_of_all_hub_requests_answered_429_still_stages_every_byte(sb, target, repo, caplog):
+    for server in ("hub", "cdn"):
+        sb.add_fault(server, status=429, retry_after="1", fraction=0.5, seed=7)
+    caplog.set_level(logging.WARNING, logger="hf_cloudrun")
+    started = time.monotonic()
+    # One file at a time keeps the order of requests, and so the seeded storm, the same on every run.
+    result = stage_model(target, source(sb, repo), token(sb), StagingOptions(parallel_files=1))
+    elapsed = time.monotonic() - started
+    fired = sum(rule["fired"] for rule in sb.faults())
+    assert fired >= 3
+    waits = [r.getMessage() for r in caplog.records if "rate limited by the Hub" in r.getMessage()]
+    assert len(waits) == fired
+    assert all(" waiting 1 s, attempt " in w for w in waits)  # Retry-After: 1, plus at most 10 % jitter
+    assert elapsed >= 1  # at least one Retry-After was honoured in full
+    stored = objects(target, result.object_prefix)
+    expected = hub_files(sb, repo)
+    for path, data in stored.items():
+        if path != MANIFEST and expected[path]["lfs_sha256"]:
+            assert hashlib.sha256(data).hexdigest() == expected[path]["lfs_sha256"]
+
+
+def test_resolution_is_retried_on_429_although_huggingface_hub_would_not(sb, target, repo, caplog):
+    sb.add_fault("hub", path="^/api/models/", status=429, retry_after="1", times=2)
+    caplog.set_level(logging.WARNING, logger="hf_cloudrun")
+    assert stage_model(target, source(sb, repo), token(sb)).files_uploaded > 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("rate limited by the Hub, waiting 1 s, attempt 2 of 8 (resolving" in m for m in messages)
+    assert any("attempt 3 of 8 (resolving" in m for m in messages)
+
+
+def test_rate_limit_budget_ends_with_a_clear_error(sb, target, repo):
+    sb.add_fault("hub", path="^/api/models/", status=429, retry_after="1")
+    policy = HubRetryPolicy(budget_s=1.5)
+    with pytest.raises(HubRateLimitExhausted, match=r"gave up on .* after the retry policy ran out .*set a token"):
+        stage_model(target, source(sb, repo), token(sb), StagingOptions(retry=policy))
+
+
+def test_a_dropped_connection_resumes_where_it_stopped(sb, target, repo):
+    sb.add_fault("cdn", action="drop", after_bytes=300_000, times=2)
+    since = sb.last_request_seq()
+    result = stage_model(target, source(sb, repo), token(sb), StagingOptions(retry=FAST_RETRY))
+    ranged = [r for r in sb.requests("cdn", since=since) if "range" in r["headers"]]
+    starts = [int(r["headers"]["range"].removeprefix("bytes=").rstrip("-")) for r in ranged]
+    assert len(starts) == 2 and all(0 < start <= 300_000 for start in starts)  # resumed, not restarted
+    assert result.files_uploaded == len(objects(target, result.object_prefix)) - 1
+
+
+def test_a_corrupted_body_leaves_no_object_and_no_manifest(sb, target, repo):
+    sb.add_fault("cdn", action="corrupt")
+    with pytest.raises(ChecksumMismatch, match="content does not match the Hub's sha256"):
+        stage_model(target, source(sb, repo), token(sb), StagingOptions(parallel_files=1))
+    names = [b.name for b in clients.storage(target).list_blobs(target.bucket_name)]
+    assert not any(n.endswith(".safetensors") for n in names)
+    assert not any(n.endswith(MANIFEST) for n in names)
+
+
+def test_a_killed_stage_is_finished_by_a_rerun_that_uploads_only_the_rest(sb, target, repo, sandbox_target):
+    # One shard crawls, so the others are stored when the process dies.
+    sb.add_fault("cdn", action="slow", delay_s=0.5, path=".*", times=1)
+    spec = {
+        "target": target.model_dump(mode="json", exclude={"gcp_credentials"}),
+        "source": source(sb, repo).model_dump(mode="json"),
+        "token": sb.hub_token,
+        "options": {"parallel_files": 4},
+    }
+    child = subprocess.Popen([sys.executable, "-m", "tests.support.stage_in_subprocess", json.dumps(spec)])
+    storage = clients.storage(target)
+    deadline = time.monotonic() + 60
+    stored: list[str] = []
+    while time.monotonic() < deadline and child.poll() is None:
+        stored = [b.name for b in storage.list_blobs(target.bucket_name)]
+        if len([n for n in stored if n.endswith(".safetensors")]) >= 2:
+            break
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    stored = [b.name for b in storage.list_blobs(target.bucket_name)]
+    assert not any(n.endswith(MANIFEST) for n in stored)
+    sb.clear_faults()
+    result = stage_model(target, source(sb, repo), token(sb))
+    assert result.files_skipped == len(stored)
+    assert result.files_uploaded == len(objects(target, result.object_prefix)) - 1 - len(stored)
+    assert result.files_uploaded > 0
+
+
+def test_bucket_missing_or_in_another_region_is_named(sb, sandbox_target, repo):
+    missing = sandbox_target.model_copy(update={"bucket": "no-such-bucket-here"})
+    with pytest.raises(StagingError, match=r"bucket gs://no-such-bucket-here does not exist: run the ensure-infra"):
+        stage_model(missing, source(sb, repo), token(sb))
+    elsewhere = sandbox_target.model_copy(update={"bucket": f"eu-bucket-{next(_ids)}"})
+    clients.storage(elsewhere).create_bucket(elsewhere.bucket_name, location="europe-west4")
+    with pytest.raises(StagingError, match=r"is in EUROPE-WEST4, the service in us-central1: .*\(lesson 18\)"):
+        stage_model(elsewhere, source(sb, repo), token(sb))
+
+
+def test_the_token_never_leaks(sb, target, caplog):
+    secret = sb.hub_token
+    caplog.set_level(logging.DEBUG)
+    sb.add_fault("cdn", status=500, times=1)
+    since = sb.last_request_seq()
+    stage_model(target, source(sb, "sandbox/gated-chat"), token(sb), StagingOptions(retry=FAST_RETRY))
+    assert secret not in caplog.text
+    assert all("authorization" not in r["headers"] for r in sb.requests("cdn", since=since))
+    assert any(r["headers"].get("authorization") == f"Bearer {secret}" for r in sb.requests("hub", since=since))
+    manifest = clients.storage(target).bucket(target.bucket_name).list_blobs()
+    assert all(secret not in json.dumps(b.metadata or {}) for b in manifest)
+
+
+def test_crc32c_of_every_object_matches_its_content(sb, target, repo):
+    import google_crc32c
+
+    result = stage_model(target, source(sb, repo), token(sb))
+    for blob in clients.storage(target).list_blobs(target.bucket_name, prefix=result.object_prefix):
+        data = blob.download_as_bytes()
+        assert blob.crc32c == base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
