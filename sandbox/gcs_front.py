@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +28,19 @@ from starlette.routing import Route
 BUCKET_SETTINGS = ("location", "locationType", "labels", "iamConfiguration")
 MULTI_REGIONS = {"US", "EU", "ASIA"}
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "host", "content-length"}
+CONTENT_RANGE = re.compile(r"^bytes (?:(\d+)-(\d+)|\*)/(\d+|\*)$")
+FINAL_QUERY = ("ifGenerationMatch", "ifGenerationNotMatch", "ifMetagenerationMatch", "ifMetagenerationNotMatch",
+               "predefinedAcl", "kmsKeyName")  # fmt: skip
+
+
+@dataclass
+class UploadSession:
+    bucket: str
+    metadata: dict[str, Any]
+    content_type: str
+    path: Path
+    query: dict[str, str] = field(default_factory=dict)
+    received: int = 0
 
 
 def gcs_error(code: int, message: str, reason: str) -> JSONResponse:
@@ -75,12 +92,15 @@ def _default_policy(bucket: str, project: str) -> dict[str, Any]:
 class GcsFront:
     """Bucket settings and IAM kept here; everything else proxied to the emulator unchanged."""
 
-    def __init__(self, emulator_url: str, project: str) -> None:
+    def __init__(self, emulator_url: str, project: str, spool_dir: Path) -> None:
         self.emulator_url = emulator_url
         self.project = project
+        self.spool_dir = spool_dir
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
         self.settings: dict[str, dict[str, Any]] = {}
         self.policies: dict[str, dict[str, Any]] = {}
-        self.client = httpx.AsyncClient(base_url=emulator_url, timeout=httpx.Timeout(300, connect=10))
+        self.uploads: dict[str, UploadSession] = {}
+        self.client = httpx.AsyncClient(base_url=emulator_url, timeout=httpx.Timeout(600, connect=10))
 
     def app(self) -> Starlette:
         return Starlette(
@@ -88,6 +108,7 @@ class GcsFront:
                 Route("/storage/v1/b", self.create_or_list, methods=["POST", "GET"]),
                 Route("/storage/v1/b/{bucket}", self.bucket, methods=["GET", "PATCH", "PUT", "DELETE"]),
                 Route("/storage/v1/b/{bucket}/iam", self.iam, methods=["GET", "PUT"]),
+                Route("/upload/storage/v1/b/{bucket}/o", self.upload, methods=["POST", "PUT"]),
                 Route("/{path:path}", self.proxy, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]),
             ]
         )
@@ -153,6 +174,91 @@ class GcsFront:
         self.policies[name] = {**_default_policy(name, self.project), "bindings": body.get("bindings", []),
                                "version": body.get("version", 1), "etag": etag}  # fmt: skip
         return JSONResponse(self.policies[name])
+
+    async def upload(self, request: Request) -> Response:
+        if request.method == "POST" and request.query_params.get("uploadType") == "resumable":
+            return await self._start_upload(request)
+        if request.method == "PUT" and "upload_id" in request.query_params:
+            return await self._upload_chunk(request)
+        return await self.proxy(request)
+
+    async def _start_upload(self, request: Request) -> Response:
+        bucket = request.path_params["bucket"]
+        if (await self.client.get(f"/storage/v1/b/{bucket}")).status_code == 404:
+            return gcs_error(404, "The specified bucket does not exist.", "notFound")
+        body = await request.body()
+        metadata = json.loads(body) if body else {}
+        if "name" in request.query_params:
+            metadata["name"] = request.query_params["name"]
+        if not metadata.get("name"):
+            return gcs_error(400, "Required object name is missing", "required")
+        upload_id = secrets.token_urlsafe(16)
+        session = UploadSession(
+            bucket=bucket,
+            metadata=metadata,
+            content_type=request.headers.get("x-upload-content-type", "application/octet-stream"),
+            path=self.spool_dir / upload_id,
+            query={k: v for k, v in request.query_params.items() if k in FINAL_QUERY},
+        )
+        session.path.write_bytes(b"")
+        self.uploads[upload_id] = session
+        base = str(request.base_url).rstrip("/")
+        location = f"{base}/upload/storage/v1/b/{bucket}/o?uploadType=resumable&upload_id={upload_id}"
+        return Response(status_code=200, headers={"Location": location, "X-GUploader-UploadID": upload_id})
+
+    async def _upload_chunk(self, request: Request) -> Response:
+        upload_id = request.query_params["upload_id"]
+        session = self.uploads.get(upload_id)
+        if session is None:
+            return gcs_error(404, "No such upload session (it finished, failed or expired).", "notFound")
+        match = CONTENT_RANGE.match(request.headers.get("content-range", "bytes */*"))
+        if match is None:
+            return gcs_error(400, "Malformed Content-Range header", "invalid")
+        start, _end, total_text = match.groups()
+        if start is not None and int(start) != session.received:
+            return self._incomplete(session)  # the client resends from where we are
+        with session.path.open("ab") as spool:
+            async for part in request.stream():
+                spool.write(part)
+                session.received += len(part)
+        if total_text == "*" or session.received < int(total_text):
+            return self._incomplete(session)
+        del self.uploads[upload_id]
+        try:
+            return await self._finish(session)
+        finally:
+            session.path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _incomplete(session: UploadSession) -> Response:
+        headers = {"Range": f"bytes=0-{session.received - 1}"} if session.received else {}
+        return Response(status_code=308, headers=headers)
+
+    async def _finish(self, session: UploadSession) -> Response:
+        """Write the spooled object to the emulator in one multipart request."""
+        boundary = f"sandbox-{secrets.token_hex(8)}"
+        head = (
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps(session.metadata)}\r\n"
+            f"--{boundary}\r\nContent-Type: {session.content_type}\r\n\r\n"
+        ).encode()
+        tail = f"\r\n--{boundary}--\r\n".encode()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield head
+            with session.path.open("rb") as spool:
+                while block := spool.read(4 * 1024 * 1024):
+                    yield block
+            yield tail
+
+        upstream = await self.client.post(
+            f"/upload/storage/v1/b/{session.bucket}/o",
+            params={"uploadType": "multipart", **session.query},
+            headers={"Content-Type": f"multipart/related; boundary={boundary}",
+                     "Content-Length": str(len(head) + session.received + len(tail))},
+            content=body(),
+        )  # fmt: skip
+        return Response(upstream.content, status_code=upstream.status_code,
+                        media_type=upstream.headers.get("content-type"))  # fmt: skip
 
     async def proxy(self, request: Request) -> Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}

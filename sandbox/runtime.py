@@ -1,7 +1,8 @@
 """One running sandbox: every stand-in on loopback, driven by one asyncio loop in one process.
 
-Pieces: the Hub and its CDN (two origins, as huggingface_hub expects), fake-gcs-server (a child process),
-and the control plane (Google REST APIs as modules, plus the ``/_sandbox`` admin API). Cloud Run services
+Pieces: the Hub and its CDN (two origins, as huggingface_hub expects), fake-gcs-server (a child process)
+behind a thin front that keeps what it ignores (bucket location, access settings, IAM) and serves resumable
+uploads, and the control plane (Google REST APIs as modules, plus the ``/_sandbox`` admin API). Cloud Run services
 add their own front-end ports and launch vLLM stand-ins as child processes.
 """
 
@@ -47,7 +48,7 @@ class SandboxRuntime:
     async def start(self) -> dict:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.gcs = await asyncio.to_thread(start_fake_gcs, self.state_dir / "gcs")
-        self.gcs_front = GcsFront(self.gcs.url, self.config.project)
+        self.gcs_front = GcsFront(self.gcs.url, self.config.project, self.state_dir / "gcs" / "uploads")
         self.servers["gcs"] = await serve_app(FaultMiddleware(self.gcs_front.app(), "gcs", self.faults), "gcs")
         if self.config.seed_models:
             seed_default_repos(self.hub)

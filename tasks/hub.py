@@ -279,21 +279,24 @@ def resolve_model(access: HubAccess, source: ModelSource, policy: HubRetryPolicy
 
 
 class Digests:
-    """sha256, git blob sha1 and crc32c of a byte stream, computed on the way."""
+    """sha256 and crc32c of a byte stream computed on the way, plus the git blob sha1 for files kept in git."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, item: HubFile) -> None:
         self.sha256 = hashlib.sha256()
-        self.git_sha1 = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
         self.crc32c = google_crc32c.Checksum()
+        # LFS files are verified by sha256 alone; hashing them twice would cost CPU the upload needs.
+        self.git_sha1 = None if item.lfs_sha256 else hashlib.sha1(f"blob {item.size}\0".encode(), usedforsecurity=False)
 
     def update(self, data: bytes) -> None:
         self.sha256.update(data)
-        self.git_sha1.update(data)
         self.crc32c.update(data)
+        if self.git_sha1 is not None:
+            self.git_sha1.update(data)
 
     def matches(self, item: HubFile) -> bool:
         if item.lfs_sha256:
             return self.sha256.hexdigest() == item.lfs_sha256
+        assert self.git_sha1 is not None
         return self.git_sha1.hexdigest() == item.git_blob_id
 
 
@@ -321,10 +324,10 @@ class HubFileStream(io.RawIOBase):
         self.item = item
         self.policy = policy
         self.url = hf_hub_url(repo_id, item.path, revision=commit, endpoint=access.endpoint)
-        self.digests = Digests(item.size)
+        self.digests = Digests(item)
         self.received = 0
         self.position = 0
-        self._buffer = bytearray()
+        self._leftover = b""
         self._response: httpx.Response | None = None
         self._pieces: Iterator[bytes] | None = None
         self._cdn_url: str | None = None
@@ -337,10 +340,18 @@ class HubFileStream(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         want = self.item.size - self.position if size is None or size < 0 else size
-        while len(self._buffer) < want and self.received < self.item.size:
-            self._buffer += self._next_piece()
-        out = bytes(self._buffer[:want])
-        del self._buffer[:want]
+        parts, have = [], 0
+        if self._leftover:
+            parts.append(self._leftover)
+            have, self._leftover = len(self._leftover), b""
+        while have < want and self.received < self.item.size:
+            piece = self._next_piece()
+            parts.append(piece)
+            have += len(piece)
+        if have > want:  # split only the last network piece, so the join below is the one big copy
+            keep = len(parts[-1]) - (have - want)
+            parts[-1], self._leftover = parts[-1][:keep], parts[-1][keep:]
+        out = b"".join(parts)
         self.position += len(out)
         return out
 

@@ -28,7 +28,6 @@ from blocks.target import GcpTarget
 from tasks import clients
 from tasks.hub import (
     ChecksumMismatch,
-    Digests,
     HubFile,
     HubFileStream,
     HubRetryPolicy,
@@ -48,10 +47,10 @@ class StagingError(RuntimeError):
 
 
 class StagingOptions(BaseModel):
-    """Knobs of the stager; the defaults keep memory under about 150 MB for any model size."""
+    """Knobs of the stager; memory grows with parallel_files x chunk_mib, never with the model's size."""
 
     parallel_files: int = Field(4, ge=1, le=32, description="Files streamed at once.")
-    chunk_mib: int = Field(16, ge=1, le=256, description="GCS resumable upload chunk, MiB (memory per file).")
+    chunk_mib: int = Field(8, ge=1, le=256, description="GCS resumable upload chunk, MiB (memory per file).")
     retry: HubRetryPolicy = Field(default_factory=HubRetryPolicy, description="Hub retry and 429 policy.")
 
 
@@ -110,10 +109,6 @@ def _content_type(path: str) -> str:
     if path.endswith((".txt", ".jinja", ".md", ".model", ".tiktoken")):
         return "text/plain"
     return "application/octet-stream"
-
-
-def _crc32c_b64(digests: Digests) -> str:
-    return base64.b64encode(digests.crc32c.digest()).decode()
 
 
 def read_manifest(bucket: gcs.Bucket, prefix: str) -> Manifest | None:
@@ -183,34 +178,36 @@ class _Uploader:
         )
 
     def upload(self, item: HubFile) -> StagedFile:
-        stream = _CountingStream(
-            HubFileStream(
-                self.http, self.access, self.resolved.repo_id, self.resolved.commit, item, self.options.retry
-            ),
-            self.progress,
+        hub_stream = HubFileStream(
+            self.http, self.access, self.resolved.repo_id, self.resolved.commit, item, self.options.retry
         )
-        blob = self.bucket.blob(f"{self.prefix}/{item.path}", chunk_size=self.options.chunk_mib * 1024 * 1024)
+        counted = _CountingStream(hub_stream, self.progress)
+        chunk = self.options.chunk_mib * 1024 * 1024
+        blob = self.bucket.blob(f"{self.prefix}/{item.path}", chunk_size=chunk)
         source = f"hf://{self.resolved.repo_id}@{self.resolved.commit}/{item.path}"
         try:
             if item.lfs_sha256 is None and item.size <= SIMPLE_UPLOAD_LIMIT:
-                data = stream.read()  # small git files: verified in full before the single upload request
-                blob.metadata = self._metadata(stream.digests.sha256.hexdigest(), item, source)
+                data = counted.read()  # small git files: verified in full before the single upload request
+                blob.metadata = self._metadata(hub_stream.digests.sha256.hexdigest(), item, source)
                 blob.upload_from_string(data, content_type=_content_type(item.path), checksum=None)
             else:
+                # A git (non-LFS) file over 8 MiB is rare (the Hub moves files over 10 MiB to LFS): its sha256 is
+                # known only at the end, so its object carries the git blob id and the manifest the sha256.
                 blob.metadata = self._metadata(item.lfs_sha256 or "", item, source)
                 blob.upload_from_file(
-                    stream, size=item.size, content_type=_content_type(item.path), checksum=None, rewind=False
+                    counted, size=item.size, content_type=_content_type(item.path), checksum=None, rewind=False
                 )
         finally:
-            stream.close()
-        if blob.crc32c != _crc32c_b64(stream.digests):
+            counted.close()
+        streamed_crc = base64.b64encode(hub_stream.digests.crc32c.digest()).decode()
+        if blob.crc32c != streamed_crc:
             blob.delete()
             raise ChecksumMismatch(
                 f"gs://{self.bucket.name}/{blob.name}: stored crc32c {blob.crc32c} differs from the streamed "
-                f"{_crc32c_b64(stream.digests)}; the object was deleted"
+                f"{streamed_crc}; the object was deleted"
             )
         return StagedFile(
-            path=item.path, size=item.size, sha256=stream.digests.sha256.hexdigest(), git_blob_id=item.git_blob_id
+            path=item.path, size=item.size, sha256=hub_stream.digests.sha256.hexdigest(), git_blob_id=item.git_blob_id
         )
 
     @staticmethod
@@ -227,10 +224,6 @@ class _CountingStream:
     def __init__(self, inner: HubFileStream, progress: ByteProgress) -> None:
         self.inner = inner
         self.progress = progress
-
-    @property
-    def digests(self) -> Digests:
-        return self.inner.digests
 
     def read(self, size: int = -1) -> bytes:
         data = self.inner.read(size)
