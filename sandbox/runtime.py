@@ -18,9 +18,8 @@ from starlette.routing import BaseRoute, Mount
 
 from sandbox.admin import admin_routes
 from sandbox.config import SANDBOX_HF_TOKEN, SandboxConfig
-from sandbox.control import ApiModule
+from sandbox.control import ApiModule, ControlContext, build_modules
 from sandbox.control.errors import GoogleApiError, google_error_handler
-from sandbox.control.run import CloudRun
 from sandbox.faults import FaultMiddleware, FaultRegistry
 from sandbox.gcs import FakeGcs, start_fake_gcs
 from sandbox.gcs_front import GcsFront
@@ -41,7 +40,6 @@ class SandboxRuntime:
         self.hub = HubState()
         self.gcs: FakeGcs | None = None
         self.gcs_front: GcsFront | None = None
-        self.run: CloudRun | None = None
         self.apis: list[ApiModule] = []
         self.servers: dict[str, ServedApp] = {}
 
@@ -56,8 +54,14 @@ class SandboxRuntime:
         self.servers["cdn"] = cdn
         self.hub.cdn_url = cdn.url
         self.servers["hub"] = await serve_app(FaultMiddleware(build_hub_app(self.hub), "hub", self.faults), "hub")
-        self.run = CloudRun(self.config, self.faults, gcs_url=self.gcs.url, state_dir=self.state_dir / "run")
-        self.apis = [self.run]
+        self.ctx = ControlContext(
+            config=self.config,
+            faults=self.faults,
+            state_dir=self.state_dir,
+            gcs_url=self.servers["gcs"].url,
+            gcs_emulator_url=self.gcs.url,
+        )
+        self.apis = build_modules(self.ctx)
         control = Starlette(
             routes=self._control_routes(),
             exception_handlers={GoogleApiError: google_error_handler},
@@ -65,8 +69,7 @@ class SandboxRuntime:
         self.servers["control"] = await serve_app(
             FaultMiddleware(control, "control", self.faults, record_bodies=True), "control"
         )
-        for api in self.apis:
-            api.control_url = self.servers["control"].url
+        self.ctx.control_url = self.servers["control"].url
         info = self.info()
         path = self.state_dir / INFO_FILE
         tmp = path.with_suffix(".tmp")

@@ -1,23 +1,66 @@
 """The control plane: Google REST APIs as modules on one HTTP app.
 
-Each API module (Cloud Run now; Cloud Build, Compute, IAM, Secret Manager and Artifact Registry later)
-implements ``ApiModule``: its Google routes, its admin routes (mounted at ``/_sandbox/{name}``) and a
-shutdown hook. The runtime builds the app from the list; nothing else needs to change to add one.
+Each API module implements ``ApiModule``: its Google routes, its admin routes (mounted at
+``/_sandbox/{name}``) and a shutdown hook. Modules are built from one ``ControlContext`` (settings, fault
+registry, state folder, the GCS emulator, the shared long-running operation store, and the other modules,
+for checks that cross APIs, such as Cloud Run asking IAM whether a service account exists). The runtime
+builds the app from ``build_modules``; adding an API means adding it there.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from starlette.routing import BaseRoute
 
+from sandbox.config import SandboxConfig
+from sandbox.faults import FaultRegistry
+
 
 class ApiModule(Protocol):
     name: str
-    control_url: str
 
     def routes(self) -> list[BaseRoute]: ...
 
     def admin_routes(self) -> list[BaseRoute]: ...
 
     async def shutdown(self) -> None: ...
+
+
+@dataclass
+class ControlContext:
+    """What every API module may use. ``control_url`` is known once the control plane listens."""
+
+    config: SandboxConfig
+    faults: FaultRegistry
+    state_dir: Path
+    gcs_url: str
+    gcs_emulator_url: str
+    control_url: str = ""
+    modules: dict[str, ApiModule] = field(default_factory=dict)
+
+    def module(self, name: str):
+        """Another API module by name (e.g. "iam"), or None when the sandbox runs without it."""
+        return self.modules.get(name)
+
+
+def build_modules(ctx: ControlContext) -> list[ApiModule]:
+    from sandbox.control.artifactregistry import ArtifactRegistry
+    from sandbox.control.compute import Compute
+    from sandbox.control.iam import Iam
+    from sandbox.control.operations import Operations
+    from sandbox.control.run import CloudRun
+    from sandbox.control.secretmanager import SecretManager
+
+    modules: list[ApiModule] = [
+        Operations(ctx),
+        CloudRun(ctx),
+        Compute(ctx),
+        Iam(ctx),
+        SecretManager(ctx),
+        ArtifactRegistry(ctx),
+    ]
+    ctx.modules.update({m.name: m for m in modules})
+    return modules

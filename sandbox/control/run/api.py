@@ -13,7 +13,6 @@ import secrets
 import shutil
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 from google.cloud import run_v2
@@ -24,14 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from sandbox.config import SandboxConfig
+from sandbox.control import ControlContext
 from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.run import resources as res
 from sandbox.control.run.frontend import FrontEnd, Routing
 from sandbox.control.run.images import DRIVERS, image_behaviour
 from sandbox.control.run.instances import Instance, InstanceSpec
 from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag, has_field
-from sandbox.faults import FaultMiddleware, FaultRegistry
+from sandbox.faults import FaultMiddleware
 from sandbox.serving import ServedApp, serve_app
 
 State = run_v2.Condition.State
@@ -89,12 +88,13 @@ class CloudRun:
 
     name = "run"
 
-    def __init__(self, config: SandboxConfig, faults: FaultRegistry, gcs_url: str, state_dir: Path) -> None:
-        self.config = config
-        self.faults = faults
-        self.gcs_url = gcs_url
-        self.state_dir = state_dir
-        self.control_url = ""
+    def __init__(self, ctx: ControlContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.faults = ctx.faults
+        # Containers reach storage like gcsfuse does: straight to the backend, not through the API front.
+        self.gcs_url = ctx.gcs_emulator_url
+        self.state_dir = ctx.state_dir / "run"
         self.services: dict[str, ServiceRecord] = {}
         self.operations: dict[str, operations_pb2.Operation] = {}
         self.instances: dict[str, Instance] = {}  # by full revision name
@@ -381,7 +381,7 @@ class CloudRun:
             op = self._new_operation(parent)
             if new_revision is not None:
                 record.next_generation += 1
-                log_uri = f"{self.control_url}/_sandbox/run/logs/{revision_id}"
+                log_uri = f"{self.ctx.control_url}/_sandbox/run/logs/{revision_id}"
                 revision = res.revision_from_template(service.name, revision_id, template, log_uri)
                 record.revisions[new_revision] = revision
                 record.fingerprints[new_revision] = fingerprint
