@@ -20,11 +20,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-FaultAction = Literal["status", "drop", "delay", "slow", "corrupt"]
+FaultAction = Literal["status", "replace", "drop", "delay", "slow", "corrupt"]
 
 
 class FaultRule(BaseModel):
-    """One injected fault. ``server`` names the sandbox piece: hub, cdn, control, or a service front end."""
+    """One injected fault. ``server`` names the sandbox piece: hub, cdn, gcs, control, or a service front end.
+
+    ``status`` answers instead of the app; ``replace`` lets the app do the work and then answers with the
+    status instead (a create that "another caller" won: the resource exists, the caller sees 409).
+    """
 
     server: str
     path: str = Field(".*", description="regex searched in the request path (query excluded)")
@@ -177,6 +181,14 @@ class FaultMiddleware:
             headers += [(k.lower().encode(), v.encode()) for k, v in rule.headers.items()]
             await send({"type": "http.response.start", "status": rule.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
+            return
+        if rule.action == "replace":
+
+            async def swallow(_message) -> None:
+                return None
+
+            await self.app(scope, receive, swallow)
+            await self._apply(rule.model_copy(update={"action": "status"}), scope, receive, send)
             return
         if rule.action == "delay":
             await asyncio.sleep(rule.delay_s)

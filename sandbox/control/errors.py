@@ -39,13 +39,24 @@ GRPC_CODES = {
 
 
 class GoogleApiError(Exception):
-    """Raised by control-plane handlers; rendered as the JSON error the real API sends."""
+    """Raised by control-plane handlers; rendered as the JSON error the real API sends.
 
-    def __init__(self, code: int, message: str, status: str | None = None) -> None:
+    ``reason`` adds the ``errors: [{message, domain, reason}]`` list that Compute and Storage send
+    (e.g. "alreadyExists", "resourceInUseByAnotherResource").
+    """
+
+    def __init__(self, code: int, message: str, status: str | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status or STATUS_NAMES.get(code, "UNKNOWN")
+        self.reason = reason
+
+    def body(self) -> dict:
+        error: dict = {"code": self.code, "message": self.message, "status": self.status}
+        if self.reason:
+            error["errors"] = [{"message": self.message, "domain": "global", "reason": self.reason}]
+        return {"error": error}
 
 
 def invalid_argument(message: str) -> GoogleApiError:
@@ -75,6 +86,4 @@ def google_error_body(code: int, message: str, status: str | None = None) -> byt
 
 async def google_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GoogleApiError)
-    return JSONResponse(
-        {"error": {"code": exc.code, "message": exc.message, "status": exc.status}}, status_code=exc.code
-    )
+    return JSONResponse(exc.body(), status_code=exc.code)
