@@ -78,6 +78,11 @@ class GcpTarget(Block):
     service_account_name: str = Field(
         "vllm-serving", description="Account id of the dedicated service account the service runs as."
     )
+    hf_token_secret: str = Field(
+        "hf-token",
+        description="Secret Manager secret holding the Hub token when something needs it at run time "
+        "(a build that pulls gated code, a service loading from the Hub).",
+    )
     labels: dict[str, str] = Field(
         default_factory=lambda: {"managed-by": "hf-cloudrun-pipeline"},
         description="Labels put on every resource for cost attribution (lesson 17).",
@@ -165,6 +170,15 @@ class GcpTarget(Block):
             raise ValueError(
                 f"subnet_range '{value}' is too small: Direct VPC egress needs at least a /26 (64 addresses, "
                 "reserved in /28 blocks per instance); use e.g. '10.8.0.0/26'"
+            )
+        return value
+
+    @field_validator("hf_token_secret")
+    @classmethod
+    def _secret_id(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_-]{1,255}$", value):
+            raise ValueError(
+                f"hf_token_secret '{value}' must be 1-255 letters, digits, '_' or '-' (a Secret Manager id)"
             )
         return value
 

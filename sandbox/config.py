@@ -13,6 +13,7 @@ class SandboxConfig(BaseModel):
     """What the stand-ins pretend: the project, region, quotas, and how fast simulated time runs."""
 
     project: str = "sandbox-project"
+    project_number: str = Field("123456789012", description="what resource names that carry the number show")
     region: str = "us-central1"
     time_scale: float = Field(
         0.01,

@@ -19,7 +19,9 @@ LOOPBACK = "127.0.0.1"
 
 def bind_loopback(port: int = 0) -> socket.socket:
     """A listening TCP socket on 127.0.0.1 (a free port when ``port`` is 0)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only then; with proto 0 every
+    # response waits ~40 ms on Nagle plus delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((LOOPBACK, port))
     sock.listen(512)

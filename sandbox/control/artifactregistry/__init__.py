@@ -1,23 +1,5 @@
-"""STUB: the ArtifactRegistry API stand-in (to be implemented)."""
+"""The Artifact Registry API v1 stand-in: repositories, IAM policies, Docker images and tags."""
 
-from __future__ import annotations
+from sandbox.control.artifactregistry.api import ArtifactRegistry
 
-from starlette.routing import BaseRoute
-
-from sandbox.control import ControlContext
-
-
-class ArtifactRegistry:
-    name = "artifactregistry"
-
-    def __init__(self, ctx: ControlContext) -> None:
-        self.ctx = ctx
-
-    def routes(self) -> list[BaseRoute]:
-        return []
-
-    def admin_routes(self) -> list[BaseRoute]:
-        return []
-
-    async def shutdown(self) -> None:
-        pass
+__all__ = ["ArtifactRegistry"]

@@ -1,23 +1,7 @@
-"""STUB: the Compute API stand-in (to be implemented)."""
+"""The Compute Engine API v1 stand-in: VPC networks, subnetworks and their operations (see api.py)."""
 
 from __future__ import annotations
 
-from starlette.routing import BaseRoute
+from sandbox.control.compute.api import Compute
 
-from sandbox.control import ControlContext
-
-
-class Compute:
-    name = "compute"
-
-    def __init__(self, ctx: ControlContext) -> None:
-        self.ctx = ctx
-
-    def routes(self) -> list[BaseRoute]:
-        return []
-
-    def admin_routes(self) -> list[BaseRoute]:
-        return []
-
-    async def shutdown(self) -> None:
-        pass
+__all__ = ["Compute"]

@@ -1,23 +1,6 @@
-"""STUB: the Iam API stand-in (to be implemented)."""
+"""The IAM API v1 stand-in: service accounts and the IAM policies on them."""
 
-from __future__ import annotations
+from sandbox.control.iam.api import DEFAULT_PROJECT_NUMBER, Iam, project_number
+from sandbox.control.iam.policy import ResourcePolicy
 
-from starlette.routing import BaseRoute
-
-from sandbox.control import ControlContext
-
-
-class Iam:
-    name = "iam"
-
-    def __init__(self, ctx: ControlContext) -> None:
-        self.ctx = ctx
-
-    def routes(self) -> list[BaseRoute]:
-        return []
-
-    def admin_routes(self) -> list[BaseRoute]:
-        return []
-
-    async def shutdown(self) -> None:
-        pass
+__all__ = ["DEFAULT_PROJECT_NUMBER", "Iam", "ResourcePolicy", "project_number"]

@@ -26,8 +26,15 @@ from starlette.routing import BaseRoute, Route
 from sandbox.control import ControlContext
 from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.run import resources as res
+from sandbox.control.run.dependencies import (
+    RevisionStartError,
+    check_dependencies,
+    container_env,
+    resolve_image,
+    service_account_of,
+)
 from sandbox.control.run.frontend import FrontEnd, Routing
-from sandbox.control.run.images import DRIVERS, image_behaviour
+from sandbox.control.run.images import DRIVERS
 from sandbox.control.run.instances import Instance, InstanceSpec
 from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag, has_field
 from sandbox.faults import FaultMiddleware
@@ -335,14 +342,7 @@ class CloudRun:
 
     def _validate(self, spec: run_v2.Service, service_id: str, region: str) -> None:
         check_service(spec, service_id, region, self.config)
-        if not spec.template.containers:
-            return
-        image = spec.template.containers[0].image
-        if image_behaviour(image) is None:
-            raise invalid_argument(
-                f"spec.template.spec.containers[0].image: Image '{image}' not found. Make sure the image exists "
-                "and that the service agent can pull it."
-            )
+        check_dependencies(self.ctx, spec, region)
 
     async def _apply(
         self, record: ServiceRecord, spec: run_v2.Service, parent: str, creating: bool
@@ -383,6 +383,7 @@ class CloudRun:
                 record.next_generation += 1
                 log_uri = f"{self.ctx.control_url}/_sandbox/run/logs/{revision_id}"
                 revision = res.revision_from_template(service.name, revision_id, template, log_uri)
+                revision.service_account = service_account_of(self.ctx, template)
                 record.revisions[new_revision] = revision
                 record.fingerprints[new_revision] = fingerprint
                 service.latest_created_revision = new_revision
@@ -417,6 +418,9 @@ class CloudRun:
         faults = record.pending_faults.pop(0) if record.pending_faults else {}
         try:
             outcome = await self._start_instance(record, revision, faults)
+        except RevisionStartError as exc:
+            self._fail_revision(record, revision, op, exc.message, exc.reason)
+            return
         except Exception as exc:  # a sandbox bug must still end the operation
             self._finish(op, error=GoogleApiError(500, f"sandbox: {exc!r}", "INTERNAL"))
             raise
@@ -425,28 +429,7 @@ class CloudRun:
             exit_code = outcome.exit_code if outcome else None
             configured = has_field(revision.containers[0], "startup_probe")
             message = res.not_ready_message(short, port, revision.log_uri, exit_code, configured)
-            revision.conditions = [
-                res.condition(
-                    "Ready",
-                    State.CONDITION_FAILED,
-                    message,
-                    revision_reason=run_v2.Condition.RevisionReason.HEALTH_CHECK_CONTAINER_ERROR,
-                ),
-                res.condition("ContainerHealthy", State.CONDITION_FAILED, message),
-                res.condition("ResourcesAvailable", State.CONDITION_SUCCEEDED),
-            ]
-            revision.reconciling = False
-            service = record.service
-            service.reconciling = False
-            service.terminal_condition = res.condition(
-                "Ready", State.CONDITION_FAILED, message, reason=run_v2.Condition.CommonReason.REVISION_FAILED
-            )
-            service.conditions = [
-                res.condition("RoutesReady", State.CONDITION_FAILED, message),
-                res.condition("ConfigurationsReady", State.CONDITION_FAILED, message),
-            ]
-            service.observed_generation = service.generation
-            self._finish(op, error=GoogleApiError(400, message, "FAILED_PRECONDITION"))
+            self._fail_revision(record, revision, op, message, run_v2.Condition.CommonReason.REVISION_FAILED)
             return
         revision.conditions = [
             res.condition("Ready", State.CONDITION_SUCCEEDED),
@@ -458,6 +441,41 @@ class CloudRun:
         record.service.latest_ready_revision = revision_name
         async with record.lock:
             await self._route(record, op)
+
+    def _fail_revision(
+        self,
+        record: ServiceRecord,
+        revision: run_v2.Revision,
+        op: operations_pb2.Operation,
+        message: str,
+        reason: run_v2.Condition.CommonReason,
+    ) -> None:
+        """Mark the revision and the service failed; routing stays as it was (the old revision keeps serving)."""
+        revision.conditions = [
+            res.condition(
+                "Ready",
+                State.CONDITION_FAILED,
+                message,
+                reason=reason,
+                revision_reason=run_v2.Condition.RevisionReason.HEALTH_CHECK_CONTAINER_ERROR
+                if reason == run_v2.Condition.CommonReason.REVISION_FAILED
+                else None,
+            ),
+            res.condition("ContainerHealthy", State.CONDITION_FAILED, message),
+            res.condition("ResourcesAvailable", State.CONDITION_SUCCEEDED),
+        ]
+        revision.reconciling = False
+        service = record.service
+        service.reconciling = False
+        service.terminal_condition = res.condition(
+            "Ready", State.CONDITION_FAILED, message, reason=run_v2.Condition.CommonReason.REVISION_FAILED
+        )
+        service.conditions = [
+            res.condition("RoutesReady", State.CONDITION_FAILED, message),
+            res.condition("ConfigurationsReady", State.CONDITION_FAILED, message),
+        ]
+        service.observed_generation = service.generation
+        self._finish(op, error=GoogleApiError(400, message, "FAILED_PRECONDITION"))
 
     def _ready(self, revision: run_v2.Revision | None) -> bool:
         return revision is not None and any(
@@ -519,10 +537,13 @@ class CloudRun:
     # Instances --------------------------------------------------------------------------------------------
     def _instance_spec(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict) -> InstanceSpec:
         container = next((c for c in revision.containers if c.ports), revision.containers[0])
-        behaviour = image_behaviour(container.image)
-        assert behaviour is not None
+        behaviour = resolve_image(self.ctx, container.image)
+        if behaviour is None:
+            raise RevisionStartError(
+                f"Image '{container.image}' not found.", run_v2.Condition.CommonReason.CONTAINER_MISSING
+            )
         accelerator = revision.node_selector.accelerator if dict(container.resources.limits).get(GPU_LIMIT_KEY) else ""
-        env = {e.name: e.value for e in container.env if not e.value_source}
+        env = container_env(self.ctx, container, revision.service_account)
         entrypoint = behaviour.entrypoint
         argv = list(container.args)
         if container.command:
@@ -564,7 +585,10 @@ class CloudRun:
             task = asyncio.create_task(self._start_instance(record, revision, {}))
             self._starting[name] = task
             task.add_done_callback(lambda _: self._starting.pop(name, None))
-        outcome = await asyncio.shield(task)
+        try:
+            outcome = await asyncio.shield(task)
+        except RevisionStartError:
+            return None  # e.g. its secret was revoked since: the front end answers 503
         return self.instances[name].url if outcome.ready else None
 
     async def _stop_instance(self, revision_name: str) -> None:

@@ -1,23 +1,5 @@
-"""STUB: the SecretManager API stand-in (to be implemented)."""
+"""The Secret Manager API v1 stand-in."""
 
-from __future__ import annotations
+from sandbox.control.secretmanager.api import SecretManager
 
-from starlette.routing import BaseRoute
-
-from sandbox.control import ControlContext
-
-
-class SecretManager:
-    name = "secretmanager"
-
-    def __init__(self, ctx: ControlContext) -> None:
-        self.ctx = ctx
-
-    def routes(self) -> list[BaseRoute]:
-        return []
-
-    def admin_routes(self) -> list[BaseRoute]:
-        return []
-
-    async def shutdown(self) -> None:
-        pass
+__all__ = ["SecretManager"]

@@ -1,0 +1,109 @@
+"""What a Cloud Run revision depends on in other APIs: its image, service account, VPC and secrets.
+
+Admission checks (image, service account, VPC) fail the request with 400 as Cloud Run does; secrets are
+resolved when an instance starts, and a service account without access fails the revision
+(SECRETS_ACCESS_CHECK_FAILED), with the message Cloud Run gives.
+"""
+
+from __future__ import annotations
+
+from google.cloud import run_v2
+
+from sandbox.control import ControlContext
+from sandbox.control.errors import invalid_argument
+from sandbox.control.run.images import MODEL_GARDEN_REPO, ImageBehaviour, image_behaviour
+
+
+class RevisionStartError(Exception):
+    """The revision cannot start for a reason Cloud Run reports before the container runs."""
+
+    def __init__(self, message: str, reason: run_v2.Condition.CommonReason) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+
+
+def _short(name: str) -> str:
+    return name.rstrip("/").rsplit("/", 1)[-1]
+
+
+def resolve_image(ctx: ControlContext, image: str) -> ImageBehaviour | None:
+    """How the image starts, if it exists: public images the sandbox knows, or this project's registry."""
+    behaviour = image_behaviour(image)
+    if behaviour is None:
+        return None
+    registry = ctx.module("artifactregistry")
+    is_public = image.startswith(MODEL_GARDEN_REPO) or "docker.pkg.dev" not in image.split("/", 1)[0]
+    if is_public or registry is None:
+        return behaviour
+    return behaviour if registry.find_image(image) is not None else None
+
+
+def service_account_of(ctx: ControlContext, template: run_v2.RevisionTemplate) -> str:
+    """The revision's identity: the template's, else the Compute Engine default account (as Cloud Run does)."""
+    if template.service_account:
+        return template.service_account
+    iam = ctx.module("iam")
+    return iam.compute_default_email if iam is not None else ""
+
+
+def check_dependencies(ctx: ControlContext, spec: run_v2.Service, region: str) -> None:
+    template = spec.template
+    for index, container in enumerate(template.containers):
+        if resolve_image(ctx, container.image) is None:
+            raise invalid_argument(
+                f"spec.template.spec.containers[{index}].image: Image '{container.image}' not found. Make sure the "
+                "image exists and that the service agent can pull it."
+            )
+    iam = ctx.module("iam")
+    if template.service_account and iam is not None and not iam.exists(template.service_account):
+        raise invalid_argument(
+            f"spec.template.spec.service_account_name: Service account {template.service_account} does not exist."
+        )
+    compute = ctx.module("compute")
+    if compute is None:
+        return
+    for interface in template.vpc_access.network_interfaces:
+        if interface.network and compute.network(_short(interface.network)) is None:
+            raise invalid_argument(
+                f"spec.template.metadata.annotations[run.googleapis.com/network-interfaces]: VPC network "
+                f"'{_short(interface.network)}' not found in project {ctx.config.project}."
+            )
+        if interface.subnetwork and compute.subnetwork(region, _short(interface.subnetwork)) is None:
+            raise invalid_argument(
+                f"spec.template.metadata.annotations[run.googleapis.com/network-interfaces]: subnetwork "
+                f"'{_short(interface.subnetwork)}' not found in region {region}."
+            )
+
+
+def container_env(ctx: ControlContext, container: run_v2.Container, service_account: str) -> dict[str, str]:
+    """Plain env values, plus secret env values resolved from Secret Manager with the revision's identity."""
+    env = {e.name: e.value for e in container.env if not e.value_source}
+    manager = ctx.module("secretmanager")
+    for var in container.env:
+        ref = var.value_source.secret_key_ref
+        if not ref.secret:
+            continue
+        version = ref.version or "latest"
+        secret = (
+            ref.secret if ref.secret.startswith("projects/") else f"projects/{ctx.config.project}/secrets/{ref.secret}"
+        )
+        path = f"{secret}/versions/{version}"
+        if manager is None or not manager.exists(secret):
+            raise RevisionStartError(
+                f"Secret {path} was not found", run_v2.Condition.CommonReason.SECRETS_ACCESS_CHECK_FAILED
+            )
+        if not manager.can_access(secret, f"serviceAccount:{service_account}"):
+            raise RevisionStartError(
+                f"Permission denied on secret: {path} for Revision service account {service_account}. The service "
+                "account used must be granted the 'Secret Manager Secret Accessor' role "
+                "(roles/secretmanager.secretAccessor) at the secret, project or higher level.",
+                run_v2.Condition.CommonReason.SECRETS_ACCESS_CHECK_FAILED,
+            )
+        value = manager.value(secret, version)
+        if value is None:
+            raise RevisionStartError(
+                f"Secret {path} has no enabled version", run_v2.Condition.CommonReason.SECRETS_ACCESS_CHECK_FAILED
+            )
+        env[var.name] = value.decode()
+    return env

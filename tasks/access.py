@@ -1,0 +1,129 @@
+"""Least-privilege IAM bindings, each a read-modify-write with the policy's etag, retried when it races.
+
+The serving account gets roles/storage.objectViewer on the model bucket only (seed 004's codelab grants
+storage.admin: too much) and roles/secretmanager.secretAccessor on the one secret it reads; the service stays
+private and roles/run.invoker goes only to the principals the target lists (lessons 19 and 21).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from google.api_core import exceptions as gexc
+from google.iam.v1 import policy_pb2
+from prefect import task
+
+from blocks.target import GcpTarget
+from tasks import clients
+from tasks.gcp import POLICY_CONFLICT_RETRY, EnsureResult, InfraError, gcp_errors
+from tasks.infra import PUBLIC_MEMBERS, secret_path
+
+OBJECT_VIEWER = "roles/storage.objectViewer"
+SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
+RUN_INVOKER = "roles/run.invoker"
+
+
+def _member(target: GcpTarget) -> str:
+    return f"serviceAccount:{target.service_account_email}"
+
+
+def grant_bucket_object_viewer(target: GcpTarget) -> EnsureResult:
+    """objectViewer for the serving account on the model bucket, and no other role of its there."""
+    bucket = clients.storage(target).bucket(target.bucket_name)
+    member = _member(target)
+
+    def edit() -> list[str]:
+        policy = bucket.get_iam_policy(requested_policy_version=3)
+        changes = []
+        for binding in policy.bindings:
+            if binding["role"] != OBJECT_VIEWER and member in binding["members"]:
+                binding["members"].discard(member)
+                changes.append(f"removed {binding['role']}")
+        viewer = next((b for b in policy.bindings if b["role"] == OBJECT_VIEWER), None)
+        if viewer is None:
+            policy.bindings.append({"role": OBJECT_VIEWER, "members": {member}})
+            changes.append(f"granted {OBJECT_VIEWER}")
+        elif member not in viewer["members"]:
+            viewer["members"].add(member)
+            changes.append(f"granted {OBJECT_VIEWER}")
+        if changes:
+            policy.bindings = [b for b in policy.bindings if b["members"]]
+            bucket.set_iam_policy(policy)
+        return changes
+
+    with gcp_errors("storage", "roles/storage.admin", f"IAM policy of gs://{target.bucket_name}", target.project):
+        changes = POLICY_CONFLICT_RETRY(edit)()
+    return _result("iam", f"gs://{target.bucket_name} {OBJECT_VIEWER} {member}", changes)
+
+
+def _edit_pb_policy(
+    read: Callable[[], policy_pb2.Policy],
+    write: Callable[[policy_pb2.Policy], object],
+    role: str,
+    wanted: set[str],
+    exact: bool,
+) -> list[str]:
+    """Make ``role`` hold ``wanted`` (exactly, or at least); one read-modify-write with the policy's etag."""
+    policy = read()
+    binding = next((b for b in policy.bindings if b.role == role), None)
+    current = set(binding.members) if binding is not None else set()
+    target_members = wanted if exact else current | wanted
+    if current == target_members:
+        return []
+    changes = [f"granted {role} to {m}" for m in sorted(target_members - current)]
+    changes += [f"removed {role} from {m}" for m in sorted(current - target_members)]
+    if binding is None:
+        binding = policy.bindings.add(role=role)
+    del binding.members[:]
+    binding.members.extend(sorted(target_members))
+    kept = [b for b in policy.bindings if b.members]
+    del policy.bindings[:]
+    policy.bindings.extend(kept)
+    write(policy)  # carries the etag it was read with: a concurrent change makes this fail and retry
+    return changes
+
+
+def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None) -> EnsureResult:
+    """secretAccessor for the serving account on one secret (not the project)."""
+    manager = clients.secret_manager(target)
+    name = secret_path(target, secret_id)
+    member = _member(target)
+    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"IAM policy of {name}", target.project):
+        changes = POLICY_CONFLICT_RETRY(_edit_pb_policy)(
+            lambda: manager.get_iam_policy(request={"resource": name}),
+            lambda policy: manager.set_iam_policy(request={"resource": name, "policy": policy}),
+            SECRET_ACCESSOR,
+            {member},
+            False,
+        )
+    return _result("iam", f"{name} {SECRET_ACCESSOR} {member}", changes)
+
+
+def ensure_service_invokers(target: GcpTarget, service_id: str) -> EnsureResult:
+    """roles/run.invoker on the service for exactly the target's invokers; never public."""
+    services = clients.run_services(target)
+    name = f"{target.location_path}/services/{service_id}"
+    wanted = set(target.invokers)
+    if wanted & PUBLIC_MEMBERS:
+        raise InfraError("invokers: the service stays private; remove allUsers / allAuthenticatedUsers")
+    with gcp_errors("run", "roles/run.admin", f"IAM policy of service {service_id}", target.project):
+        try:
+            changes = POLICY_CONFLICT_RETRY(_edit_pb_policy)(
+                lambda: services.get_iam_policy(request={"resource": name}),
+                lambda policy: services.set_iam_policy(request={"resource": name, "policy": policy}),
+                RUN_INVOKER,
+                wanted,
+                True,
+            )
+        except gexc.NotFound:
+            raise InfraError(f"service {service_id} does not exist yet; deploy it before granting invokers") from None
+    return _result("iam", f"{name} {RUN_INVOKER}", changes)
+
+
+def _result(kind: str, name: str, changes: list[str]) -> EnsureResult:
+    return EnsureResult(kind=kind, name=name, action="updated" if changes else "found", changes=changes)
+
+
+gcs_grant_object_viewer = task(name="gcs_grant_object_viewer")(grant_bucket_object_viewer)
+secretmanager_grant_accessor = task(name="secretmanager_grant_accessor")(grant_secret_accessor)
+run_ensure_invokers = task(name="run_ensure_invokers")(ensure_service_invokers)

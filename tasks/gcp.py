@@ -1,0 +1,90 @@
+"""What every GCP call shares: the retry policy, errors that say which API to enable or role to grant, and
+the small result every ensure step returns.
+
+Retries go through google-api-core (429 and 5xx, with backoff); a 403 becomes an InfraError naming the API to
+enable or the role to grant, because retrying cannot fix either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Literal, TypeVar
+
+from google.api_core import exceptions as gexc
+from google.api_core.retry import Retry, if_exception_type
+from pydantic import BaseModel, Field
+
+T = TypeVar("T")
+
+TRANSIENT = (
+    gexc.TooManyRequests,
+    gexc.InternalServerError,
+    gexc.BadGateway,
+    gexc.ServiceUnavailable,
+    gexc.GatewayTimeout,
+)
+GCP_RETRY = Retry(predicate=if_exception_type(*TRANSIENT), initial=0.5, maximum=30.0, multiplier=2.0, timeout=300.0)
+# A read-modify-write that lost a race (etag mismatch) starts over with a fresh read.
+POLICY_CONFLICT_RETRY = Retry(
+    predicate=if_exception_type(gexc.Conflict, gexc.Aborted, gexc.PreconditionFailed, *TRANSIENT),
+    initial=0.2,
+    maximum=5.0,
+    multiplier=2.0,
+    timeout=60.0,
+)
+
+Action = Literal["created", "found", "updated", "deleted", "absent"]
+
+
+class InfraError(RuntimeError):
+    """A GCP step that cannot succeed as configured; the message names the resource and the fix."""
+
+
+class EnsureResult(BaseModel):
+    """What an ensure (or teardown) step did to one resource."""
+
+    kind: str = Field(description="bucket, artifact-registry, network, subnet, service-account, secret, iam ...")
+    name: str = Field(description="Resource name or URI.")
+    action: Action
+    changes: list[str] = Field(default_factory=list, description="What was repaired or removed, if anything.")
+
+
+SERVICES = {
+    "storage": ("Cloud Storage", "storage.googleapis.com"),
+    "run": ("Cloud Run Admin", "run.googleapis.com"),
+    "compute": ("Compute Engine", "compute.googleapis.com"),
+    "iam": ("Identity and Access Management", "iam.googleapis.com"),
+    "secretmanager": ("Secret Manager", "secretmanager.googleapis.com"),
+    "artifactregistry": ("Artifact Registry", "artifactregistry.googleapis.com"),
+    "cloudbuild": ("Cloud Build", "cloudbuild.googleapis.com"),
+}
+DISABLED_MARKERS = ("has not been used in project", "it is disabled", "SERVICE_DISABLED", "API has not been")
+
+
+def explain_forbidden(exc: gexc.GoogleAPICallError, api: str, role: str, what: str, project: str) -> InfraError:
+    title, service = SERVICES[api]
+    text = str(exc)
+    if any(marker in text for marker in DISABLED_MARKERS):
+        return InfraError(
+            f"{what}: the {title} API is not enabled in project {project}; enable it with "
+            f"`gcloud services enable {service} --project {project}` and run again"
+        )
+    return InfraError(
+        f"{what}: permission denied in project {project}; grant the identity running this flow {role} "
+        f"(or a role that includes it) and run again"
+    )
+
+
+@contextmanager
+def gcp_errors(api: str, role: str, what: str, project: str) -> Iterator[None]:
+    """Turn a 403 into an InfraError that says which API to enable or which role to grant."""
+    try:
+        yield
+    except (gexc.Forbidden, gexc.PermissionDenied) as exc:
+        raise explain_forbidden(exc, api, role, what, project) from None
+
+
+def with_retry(fn: Callable[[], T], retry: Retry = GCP_RETRY) -> T:
+    """Call ``fn`` under ``retry``: for client calls that do not take a ``retry=`` argument themselves."""
+    return retry(fn)()

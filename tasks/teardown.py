@@ -1,0 +1,109 @@
+"""Teardown counterparts of the ensure steps (lesson 14: idle GPUs and forgotten resources cost money).
+
+Each deletes one resource and tolerates its absence, so a teardown can run twice or after a partial one.
+The flow calls them in dependency order: service, subnet, network, service account, and the bucket (with the
+staged weights in it) only when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from google.api_core import exceptions as gexc
+from prefect import task
+
+from blocks.target import GcpTarget
+from tasks import clients
+from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors
+from tasks.infra import iam_call, secret_path, wait_global_operation, wait_region_operation
+
+
+def delete_service(target: GcpTarget, service_id: str) -> EnsureResult:
+    """The Cloud Run service with all its revisions (its URLs stop answering)."""
+    name = f"{target.location_path}/services/{service_id}"
+    services = clients.run_services(target)
+    with gcp_errors("run", "roles/run.admin", f"deleting service {service_id}", target.project):
+        try:
+            services.delete_service(name=name, retry=GCP_RETRY).result(polling=clients.operation_polling(target))
+        except gexc.NotFound:
+            return EnsureResult(kind="service", name=name, action="absent")
+    return EnsureResult(kind="service", name=name, action="deleted")
+
+
+def delete_subnet(target: GcpTarget) -> EnsureResult:
+    name = f"projects/{target.project}/regions/{target.region}/subnetworks/{target.subnet}"
+    subnetworks = clients.compute_subnetworks(target)
+    with gcp_errors("compute", "roles/compute.networkAdmin", f"deleting subnet {target.subnet}", target.project):
+        try:
+            operation = subnetworks.delete_unary(
+                project=target.project, region=target.region, subnetwork=target.subnet, retry=GCP_RETRY
+            )
+        except gexc.NotFound:
+            return EnsureResult(kind="subnet", name=name, action="absent")
+        wait_region_operation(target, operation, f"deleting subnet {target.subnet}")
+    return EnsureResult(kind="subnet", name=name, action="deleted")
+
+
+def delete_network(target: GcpTarget) -> EnsureResult:
+    name = f"projects/{target.project}/global/networks/{target.network}"
+    networks = clients.compute_networks(target)
+    with gcp_errors("compute", "roles/compute.networkAdmin", f"deleting network {target.network}", target.project):
+        try:
+            operation = networks.delete_unary(project=target.project, network=target.network, retry=GCP_RETRY)
+        except gexc.NotFound:
+            return EnsureResult(kind="network", name=name, action="absent")
+        except gexc.BadRequest as exc:
+            raise InfraError(
+                f"network {target.network} is still in use ({exc.message}); delete what uses it first"
+            ) from None
+        wait_global_operation(target, operation, f"deleting network {target.network}")
+    return EnsureResult(kind="network", name=name, action="deleted")
+
+
+def delete_service_account(target: GcpTarget) -> EnsureResult:
+    email = target.service_account_email
+    with gcp_errors("iam", "roles/iam.serviceAccountAdmin", f"deleting {email}", target.project):
+        try:
+            iam_call(target, "DELETE", f"projects/{target.project}/serviceAccounts/{email}")
+        except gexc.NotFound:
+            return EnsureResult(kind="service-account", name=email, action="absent")
+    return EnsureResult(kind="service-account", name=email, action="deleted")
+
+
+def delete_secret(target: GcpTarget, secret_id: str | None = None) -> EnsureResult:
+    name = secret_path(target, secret_id)
+    manager = clients.secret_manager(target)
+    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"deleting {name}", target.project):
+        try:
+            manager.delete_secret(name=name, retry=GCP_RETRY)
+        except gexc.NotFound:
+            return EnsureResult(kind="secret", name=name, action="absent")
+    return EnsureResult(kind="secret", name=name, action="deleted")
+
+
+def delete_bucket(target: GcpTarget) -> EnsureResult:
+    """The model bucket and every staged object in it. Only when the teardown is asked to drop weights."""
+    name = f"gs://{target.bucket_name}"
+    storage = clients.storage(target)
+    with gcp_errors("storage", "roles/storage.admin", f"deleting {name}", target.project):
+        try:
+            bucket = storage.get_bucket(target.bucket_name)
+        except gexc.NotFound:
+            return EnsureResult(kind="bucket", name=name, action="absent")
+        blobs = list(storage.list_blobs(bucket))
+        for blob in blobs:
+            with contextlib.suppress(gexc.NotFound):  # deleted meanwhile
+                blob.delete()
+        try:
+            bucket.delete()
+        except gexc.NotFound:
+            return EnsureResult(kind="bucket", name=name, action="absent")
+    return EnsureResult(kind="bucket", name=name, action="deleted", changes=[f"{len(blobs)} objects deleted"])
+
+
+run_delete_service = task(name="run_delete_service")(delete_service)
+compute_delete_subnet = task(name="compute_delete_subnet")(delete_subnet)
+compute_delete_network = task(name="compute_delete_network")(delete_network)
+iam_delete_service_account = task(name="iam_delete_service_account")(delete_service_account)
+secretmanager_delete_secret = task(name="secretmanager_delete_secret")(delete_secret)
+gcs_delete_bucket = task(name="gcs_delete_bucket")(delete_bucket)

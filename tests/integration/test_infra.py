@@ -1,0 +1,256 @@
+"""Infrastructure get-or-create, least-privilege IAM and teardown against the sandbox, with the real clients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from google.cloud import compute_v1, run_v2
+from pydantic import SecretStr
+
+from blocks import GcpTarget
+from tasks import access, clients, infra, teardown
+from tasks.gcp import InfraError
+from tests.support.models import tiny_model_files, upload_model
+from tests.support.services import gpu_service
+
+_ids = itertools.count()
+WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+TOKEN = SecretStr("hf_infraTestTokenValue000000000000000")
+
+
+@pytest.fixture
+def target(sandbox_target) -> GcpTarget:
+    """The sandbox target with names of its own, so tests never see each other's resources."""
+    n = next(_ids)
+    return sandbox_target.model_copy(
+        update={
+            "bucket": f"infra-test-{n}",
+            "artifact_repository": f"images-{n}",
+            "network": f"vpc-{n}",
+            "subnet": f"vpc-{n}-subnet",
+            "service_account_name": f"serving-sa-{n}",
+            "hf_token_secret": f"hf-token-{n}",
+            "invokers": ["group:ml-apps@example.com"],
+        }
+    )
+
+
+def ensure_all(target: GcpTarget) -> dict[str, str]:
+    steps = [
+        infra.ensure_bucket(target),
+        infra.ensure_artifact_registry(target),
+        infra.ensure_network(target),
+        infra.ensure_subnet(target),
+        infra.ensure_service_account(target),
+        infra.ensure_secret(target, TOKEN),
+        access.grant_bucket_object_viewer(target),
+        access.grant_secret_accessor(target),
+    ]
+    return {f"{s.kind}:{s.name.split(' ')[0]}": s.action for s in steps}
+
+
+def writes_since(sb, since: int) -> list[str]:
+    return [f"{r['method']} {r['path']}" for r in sb.requests(since=since) if r["method"] in WRITES]
+
+
+def test_empty_project_gets_everything_and_a_second_run_writes_nothing(sb, target):
+    first = ensure_all(target)
+    assert set(first.values()) <= {"created", "updated"}
+    assert first[f"bucket:gs://{target.bucket_name}"] == "created"
+    since = sb.last_request_seq()
+    second = ensure_all(target)
+    assert set(second.values()) == {"found"}
+    assert writes_since(sb, since) == []
+
+
+def test_created_resources_have_the_settings_the_lessons_ask_for(target):
+    ensure_all(target)
+    bucket = clients.storage(target).get_bucket(target.bucket_name)
+    assert bucket.location == "US-CENTRAL1" and bucket.location_type == "region"
+    assert bucket.iam_configuration.uniform_bucket_level_access_enabled
+    assert bucket.iam_configuration.public_access_prevention == "enforced"
+    assert bucket.labels["managed-by"] == "hf-cloudrun-pipeline"
+    repository = clients.artifact_registry(target).get_repository(name=infra.repository_path(target))
+    assert repository.vulnerability_scanning_config.enablement_config.name == "INHERITED"
+    network = clients.compute_networks(target).get(project=target.project, network=target.network)
+    assert network.auto_create_subnetworks is False
+    subnet = clients.compute_subnetworks(target).get(
+        project=target.project, region=target.region, subnetwork=target.subnet
+    )
+    assert subnet.ip_cidr_range == "10.8.0.0/26" and subnet.private_ip_google_access
+
+
+def test_iam_is_exactly_least_privilege(target):
+    ensure_all(target)
+    member = f"serviceAccount:{target.service_account_email}"
+    bucket_policy = clients.storage(target).bucket(target.bucket_name).get_iam_policy(requested_policy_version=3)
+    roles_of_sa = {b["role"] for b in bucket_policy.bindings if member in b["members"]}
+    assert roles_of_sa == {"roles/storage.objectViewer"}
+    secret_policy = clients.secret_manager(target).get_iam_policy(request={"resource": infra.secret_path(target)})
+    assert [(b.role, list(b.members)) for b in secret_policy.bindings] == [
+        ("roles/secretmanager.secretAccessor", [member])
+    ]
+
+
+def test_codelab_storage_admin_grant_is_narrowed_to_object_viewer(target):
+    infra.ensure_bucket(target)
+    infra.ensure_service_account(target)
+    bucket = clients.storage(target).bucket(target.bucket_name)
+    policy = bucket.get_iam_policy(requested_policy_version=3)
+    member = f"serviceAccount:{target.service_account_email}"
+    policy.bindings.append({"role": "roles/storage.admin", "members": {member}})
+    bucket.set_iam_policy(policy)
+    result = access.grant_bucket_object_viewer(target)
+    assert set(result.changes) == {"removed roles/storage.admin", "granted roles/storage.objectViewer"}
+    roles = {b["role"] for b in bucket.get_iam_policy(requested_policy_version=3).bindings if member in b["members"]}
+    assert roles == {"roles/storage.objectViewer"}
+
+
+def test_subnet_without_private_google_access_is_repaired(target):
+    infra.ensure_network(target)
+    subnets = clients.compute_subnetworks(target)
+    operation = subnets.insert_unary(
+        project=target.project,
+        region=target.region,
+        subnetwork_resource=compute_v1.Subnetwork(
+            name=target.subnet,
+            network=f"projects/{target.project}/global/networks/{target.network}",
+            ip_cidr_range=target.subnet_range,
+            private_ip_google_access=False,
+        ),
+    )
+    clients.compute_region_operations(target).wait(
+        project=target.project, region=target.region, operation=operation.name
+    )
+    result = infra.ensure_subnet(target)
+    assert (result.action, result.changes) == ("updated", ["Private Google Access turned on"])
+    assert subnets.get(project=target.project, region=target.region, subnetwork=target.subnet).private_ip_google_access
+
+
+def test_overlapping_subnet_range_is_a_clear_error(target):
+    infra.ensure_network(target)
+    infra.ensure_subnet(target)
+    other = target.model_copy(update={"subnet": f"{target.subnet}-2", "subnet_range": "10.8.0.0/25"})
+    with pytest.raises(
+        InfraError, match=r"subnet_range 10\.8\.0\.0/25 overlaps another subnet of network .*free range"
+    ):
+        infra.ensure_subnet(other)
+
+
+def test_bucket_in_another_region_or_public_is_refused(target):
+    storage = clients.storage(target)
+    storage.create_bucket(target.bucket_name, location="europe-west4")
+    with pytest.raises(InfraError, match=r"is in EUROPE-WEST4 \(region\), the service in us-central1.*lesson 18"):
+        infra.ensure_bucket(target)
+    public = target.model_copy(update={"bucket": f"{target.bucket_name}-public"})
+    bucket = storage.create_bucket(public.bucket_name, location=public.region)
+    policy = bucket.get_iam_policy(requested_policy_version=3)
+    policy.bindings.append({"role": "roles/storage.objectViewer", "members": {"allUsers"}})
+    bucket.set_iam_policy(policy)
+    with pytest.raises(InfraError, match=r"is public \(allUsers in its IAM policy\)"):
+        infra.ensure_bucket(public)
+
+
+def test_bucket_without_public_access_prevention_is_repaired(target):
+    clients.storage(target).create_bucket(target.bucket_name, location=target.region)
+    result = infra.ensure_bucket(target)
+    assert result.action == "updated"
+    assert "public access prevention enforced" in result.changes
+    assert "uniform bucket-level access turned on" in result.changes
+
+
+def test_creates_that_lose_a_race_report_found(sb, target):
+    sb.add_fault("gcs", path="^/storage/v1/b$", method="POST", action="replace", status=409, times=1)
+    sb.add_fault("control", path="/global/networks$", method="POST", action="replace", status=409, times=1)
+    sb.add_fault("control", path="/serviceAccounts$", method="POST", action="replace", status=409, times=1)
+    sb.add_fault("control", path="/repositories$", method="POST", action="replace", status=409, times=1)
+    assert infra.ensure_bucket(target).action == "found"
+    assert infra.ensure_network(target).action == "found"
+    assert infra.ensure_service_account(target).action == "found"
+    assert infra.ensure_artifact_registry(target).action == "found"
+    assert all(rule["fired"] == 1 for rule in sb.faults())
+
+
+def test_a_stale_etag_restarts_the_read_modify_write(sb, target):
+    infra.ensure_bucket(target)
+    infra.ensure_service_account(target)
+    infra.ensure_secret(target, TOKEN)
+    sb.add_fault("gcs", path="/iam$", method="PUT", status=412, times=1)
+    aborted = '{"error": {"code": 409, "message": "concurrent policy changes", "status": "ABORTED"}}'
+    sb.add_fault("control", path=":setIamPolicy$", method="POST", status=409, times=1, body=aborted)
+    assert access.grant_bucket_object_viewer(target).changes == ["granted roles/storage.objectViewer"]
+    assert access.grant_secret_accessor(target).action == "updated"
+    assert all(rule["fired"] == 1 for rule in sb.faults())
+
+
+def test_403_names_the_api_to_enable_or_the_role_to_grant(sb, target):
+    disabled = (
+        '{"error": {"code": 403, "message": "Compute Engine API has not been used in project 123 before or it '
+        'is disabled.", "status": "PERMISSION_DENIED"}}'
+    )
+    sb.add_fault("control", path="/global/networks/", method="GET", status=403, body=disabled, times=1)
+    with pytest.raises(InfraError, match=r"gcloud services enable compute\.googleapis\.com --project sandbox-project"):
+        infra.ensure_network(target)
+    sb.add_fault("control", path="/serviceAccounts/", method="GET", status=403, times=1)
+    with pytest.raises(InfraError, match=r"grant the identity running this flow roles/iam\.serviceAccountAdmin"):
+        infra.ensure_service_account(target)
+
+
+def test_429_then_success_is_retried(sb, target):
+    sb.add_fault("control", path="/serviceAccounts/", method="GET", status=429, times=2)
+    assert infra.ensure_service_account(target).action == "created"
+
+
+def test_secret_gets_a_new_version_only_when_the_value_changes(target):
+    manager = clients.secret_manager(target)
+    assert infra.ensure_secret(target, TOKEN).action == "created"
+    assert infra.ensure_secret(target, TOKEN).action == "found"
+    assert infra.ensure_secret(target, SecretStr("hf_rotatedTokenValue0000000000000000")).action == "updated"
+    versions = list(manager.list_secret_versions(parent=infra.secret_path(target)))
+    assert len(versions) == 2
+    latest = manager.access_secret_version(name=f"{infra.secret_path(target)}/versions/latest").payload.data
+    assert latest == b"hf_rotatedTokenValue0000000000000000"
+
+
+def _deploy_private_service(target: GcpTarget, service_id: str) -> run_v2.Service:
+    upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files())
+    spec = gpu_service(target.bucket_name)
+    spec.template.service_account = target.service_account_email
+    return (
+        clients.run_services(target)
+        .create_service(parent=target.location_path, service=spec, service_id=service_id)
+        .result(polling=clients.operation_polling(target))
+    )
+
+
+def test_service_invokers_are_exactly_the_listed_principals(target):
+    ensure_all(target)
+    service = _deploy_private_service(target, f"infra-svc-{next(_ids)}")
+    services = clients.run_services(target)
+    policy = services.get_iam_policy(request={"resource": service.name})
+    policy.bindings.add(role="roles/run.invoker", members=["user:someone-else@example.com"])
+    services.set_iam_policy(request={"resource": service.name, "policy": policy})
+    result = access.ensure_service_invokers(target, service.name.rsplit("/", 1)[1])
+    assert set(result.changes) == {
+        "granted roles/run.invoker to group:ml-apps@example.com",
+        "removed roles/run.invoker from user:someone-else@example.com",
+    }
+    bindings = services.get_iam_policy(request={"resource": service.name}).bindings
+    assert [(b.role, list(b.members)) for b in bindings] == [("roles/run.invoker", ["group:ml-apps@example.com"])]
+
+
+def test_teardown_twice_in_a_row_succeeds(target):
+    ensure_all(target)
+    service_id = f"infra-svc-{next(_ids)}"
+    _deploy_private_service(target, service_id)
+    steps = [
+        lambda: teardown.delete_service(target, service_id),
+        lambda: teardown.delete_subnet(target),
+        lambda: teardown.delete_network(target),
+        lambda: teardown.delete_service_account(target),
+        lambda: teardown.delete_secret(target),
+        lambda: teardown.delete_bucket(target),
+    ]
+    assert [step().action for step in steps] == ["deleted"] * 6
+    assert [step().action for step in steps] == ["absent"] * 6

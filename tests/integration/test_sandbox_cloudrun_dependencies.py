@@ -1,0 +1,103 @@
+"""Cloud Run's checks on what a revision depends on elsewhere: image, service account, VPC, secrets."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from google.api_core import exceptions
+from google.cloud import run_v2
+from pydantic import SecretStr
+
+from tasks import access, clients, infra
+from tests.support.models import tiny_model_files, upload_model
+from tests.support.services import gpu_service, vllm_args
+
+BUCKET = "cloudrun-deps-weights"
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def services(sandbox_target):
+    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
+    return clients.run_services(sandbox_target)
+
+
+@pytest.fixture
+def target(sandbox_target):
+    n = next(_ids)
+    return sandbox_target.model_copy(
+        update={
+            "service_account_name": f"deps-sa-{n}",
+            "network": f"deps-vpc-{n}",
+            "subnet": f"deps-vpc-{n}-subnet",
+            "hf_token_secret": f"deps-secret-{n}",
+        }
+    )
+
+
+def deploy(services, target, spec: run_v2.Service) -> run_v2.Service:
+    return services.create_service(parent=target.location_path, service=spec, service_id=f"deps-{next(_ids)}").result(
+        timeout=60, polling=clients.operation_polling(target)
+    )
+
+
+def test_a_missing_service_account_is_refused_and_none_means_the_compute_default(services, target):
+    spec = gpu_service(BUCKET)
+    spec.template.service_account = target.service_account_email
+    with pytest.raises(exceptions.BadRequest, match=f"Service account {target.service_account_email} does not exist"):
+        deploy(services, target, spec)
+    default = deploy(services, target, gpu_service(BUCKET))
+    revision = clients.run_revisions(target).get_revision(name=default.latest_ready_revision)
+    assert revision.service_account == "123456789012-compute@developer.gserviceaccount.com"
+
+
+def test_project_images_must_be_in_artifact_registry(sb, services, target):
+    image = f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}/vllm-openai:v1"
+    spec = gpu_service(BUCKET, image=image, args=vllm_args()[2:])  # built images prepend `vllm serve` themselves
+    with pytest.raises(exceptions.BadRequest, match=f"Image '{image}' not found"):
+        deploy(services, target, spec)
+    infra.ensure_artifact_registry(target)
+    sb.admin.post(
+        "/artifactregistry/images",
+        json={
+            "repository": target.artifact_repository,
+            "image": "vllm-openai",
+            "tags": ["v1"],
+            "location": target.region,
+        },
+    ).raise_for_status()
+    assert deploy(services, target, spec).latest_ready_revision
+
+
+def test_direct_vpc_egress_needs_the_network_and_subnet(services, target):
+    spec = gpu_service(BUCKET)
+    spec.template.vpc_access = run_v2.VpcAccess(
+        network_interfaces=[run_v2.VpcAccess.NetworkInterface(network=target.network, subnetwork=target.subnet)],
+        egress=run_v2.VpcAccess.VpcEgress.ALL_TRAFFIC,
+    )
+    with pytest.raises(exceptions.BadRequest, match=f"VPC network '{target.network}' not found"):
+        deploy(services, target, spec)
+    infra.ensure_network(target)
+    infra.ensure_subnet(target)
+    assert deploy(services, target, spec).latest_ready_revision
+
+
+def test_secret_env_needs_the_accessor_role_on_that_secret(services, target):
+    infra.ensure_service_account(target)
+    infra.ensure_secret(target, SecretStr("hf_secretForTheContainer000000000000"))
+    spec = gpu_service(BUCKET)
+    spec.template.service_account = target.service_account_email
+    spec.template.containers[0].env.append(
+        run_v2.EnvVar(
+            name="HF_TOKEN",
+            value_source=run_v2.EnvVarSource(
+                secret_key_ref=run_v2.SecretKeySelector(secret=target.hf_token_secret, version="latest")
+            ),
+        )
+    )
+    denied = r"Permission denied on secret: .*roles/secretmanager\.secretAccessor"
+    with pytest.raises(exceptions.GoogleAPICallError, match=denied):
+        deploy(services, target, spec)
+    access.grant_secret_accessor(target)
+    assert deploy(services, target, spec).latest_ready_revision
