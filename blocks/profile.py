@@ -9,6 +9,7 @@ from prefect.blocks.core import Block
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blocks.hardware import GIB_SECOND_USD, GPUS, MODEL_GARDEN_VLLM_IMAGE, VCPU_SECOND_USD, GpuTypeName
+from blocks.images import ImageBuild
 
 # Flags the renderer sets from fields; repeating them in extra_args would contradict the profile.
 MANAGED_FLAGS = {
@@ -147,7 +148,13 @@ class ServingProfile(Block):
         MODEL_GARDEN_VLLM_IMAGE,
         description="Prebuilt image, pinned. GPUs default to Google's Model Garden vLLM image (lesson 1).",
     )
-    build_recipe: str | None = Field(None, description="Built-in image recipe instead of an image, e.g. 'vllm-cpu'.")
+    build: ImageBuild | None = Field(
+        None, description="Build the image with Cloud Build instead of using a prebuilt one (e.g. the vllm-cpu recipe)."
+    )
+    allow_generic_vllm_image: bool = Field(
+        False,
+        description="Allow vllm/vllm-openai on an L4 although its CUDA is newer than the L4 driver (lesson 1).",
+    )
     vllm: VllmOptions = Field(default_factory=VllmOptions, description="vLLM engine options.")
     gpu_hourly_usd: float | None = Field(None, ge=0, description="GPU price per hour; the catalogue's when empty.")
     vcpu_second_usd: float = Field(VCPU_SECOND_USD, ge=0, description="Price per vCPU-second.")
@@ -198,8 +205,8 @@ class ServingProfile(Block):
                 f"min_instances ({self.min_instances}) is above max_instances ({self.max_instances}); lower "
                 "min_instances or raise max_instances"
             )
-        if (self.image is None) == (self.build_recipe is None):
-            raise ValueError("image and build_recipe: set exactly one (a pinned image, or a recipe to build one)")
+        if (self.image is None) == (self.build is None):
+            raise ValueError("image and build: set exactly one (a pinned prebuilt image, or how to build one)")
         return self
 
     @property
@@ -245,7 +252,7 @@ PRESETS: dict[str, dict] = {
         "gpu_quota": 0,
         "env": CPU_MODE_ENV,
         "image": None,
-        "build_recipe": "vllm-cpu",
+        "build": {"recipe": "vllm-cpu"},
         "load_rate_mb_s": 100,
         "vllm": {"max_model_len": 2048, "max_num_seqs": 8, "dtype": "bfloat16"},
     },

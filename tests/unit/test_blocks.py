@@ -40,7 +40,8 @@ def test_cpu_preset_has_the_cpu_mode_environment():
     assert profile.env["VLLM_HOST_IP"] == "127.0.0.1"
     assert profile.env["GLOO_SOCKET_IFNAME"] == "lo"
     assert "VLLM_CPU_KVCACHE_SPACE" in profile.env
-    assert profile.image is None and profile.build_recipe == "vllm-cpu"
+    assert profile.image is None and profile.build is not None and profile.build.recipe == "vllm-cpu"
+    assert (profile.build.dockerfile, profile.build.target) == ("docker/Dockerfile.cpu", "vllm-openai")
 
 
 def test_preset_overrides_apply_and_unknown_preset_lists_the_choices():
@@ -61,7 +62,8 @@ def test_preset_overrides_apply_and_unknown_preset_lists_the_choices():
         ({"env": {"PORT": "8000"}}, "env: PORT is set by Cloud Run from container_port"),
         ({"env": {"HF_TOKEN": "x"}}, "env: HF_TOKEN must not be stored in plain text"),
         ({"cpu_always_allocated": False}, "cpu_always_allocated: GPU services need CPU always allocated"),
-        ({"image": None}, "image and build_recipe: set exactly one"),
+        ({"image": None}, "image and build: set exactly one"),
+        ({"build": {"source_dir": "/src"}}, "image and build: set exactly one"),
         ({"concurrency": 0}, "concurrency"),
         ({"request_timeout_seconds": 7200}, "request_timeout_seconds"),
         ({"vllm": {"gpu_memory_utilization": 1.5}}, "gpu_memory_utilization"),

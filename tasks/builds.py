@@ -1,0 +1,251 @@
+"""Build images with Cloud Build: pack the source (keeping .git), skip what is built, climb down the OOM ladder.
+
+A build that ends INTERNAL_ERROR, or FAILURE with the compiler killed, is the builder running out of memory
+(lesson 7: E2_HIGHCPU_32 has 32 GB for 32 compile jobs): it is tried again with half the jobs. Any other
+failure fails at once with the build's log URL, its last 40 lines and the fix when it is a known one. The
+build's status is always read back: INTERNAL_ERROR can arrive as a returned Build or as an exception
+(FACTS.md).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from google.api_core import exceptions as gexc
+from google.cloud.devtools import cloudbuild_v1
+from prefect import task
+from pydantic import BaseModel, Field
+
+from blocks.images import ImageBuild
+from blocks.profile import ServingProfile
+from blocks.target import GcpTarget
+from tasks import clients
+from tasks.gcp import GCP_RETRY, gcp_errors
+from tasks.images import (
+    BuildPlan,
+    build_plan,
+    check_local_source,
+    content_tag,
+    render_build,
+    repository_host,
+    tree_digest,
+)
+from tasks.infra import repository_path
+from tasks.logs import run_logger
+
+Status = cloudbuild_v1.Build.Status
+OOM_MARKERS = ("Killed signal terminated program", "exit code: 137", "exit status 137", "signal 9", "Killed")
+KNOWN_FIXES = {
+    "the --mount option requires BuildKit": "set DOCKER_BUILDKIT=1 in the docker step's env (lesson 7)",
+    "setuptools-scm was unable to detect version": (
+        "keep .git in the build context (lesson 8): build from git_url (cloned with .git) or include .git in source_dir"
+    ),
+    "unknown instruction": "fix the Dockerfile at the line shown",
+    "failed to reach build target": "set build.target to a stage name of the Dockerfile (FROM ... AS name)",
+    "no such file or directory": "set build.dockerfile to the Dockerfile's path inside the source",
+    "name unknown": "create the Artifact Registry repository first (the ensure-infra step does)",
+}
+SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+class ImageBuildError(RuntimeError):
+    """A build that retrying with fewer jobs cannot fix; the message carries the log URL and its tail."""
+
+
+class BuildAttempt(BaseModel):
+    max_jobs: int
+    build_id: str
+    status: str
+    log_url: str
+    seconds: float
+
+
+class ImageResult(BaseModel):
+    """The image a revision will run, and how it came to be."""
+
+    image: str = Field(description="Image reference to deploy: by digest when built.")
+    tag: str | None = None
+    strategy: str = Field(description="prebuilt or build")
+    reused: bool = Field(description="Nothing was built: the pin, or an image already built from the same inputs.")
+    attempts: list[BuildAttempt] = Field(default_factory=list)
+
+
+# Source ------------------------------------------------------------------------------------------------------
+def _git(*args: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ImageBuildError(f"git {' '.join(args[:2])} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip()
+
+
+def resolve_git_ref(url: str, ref: str) -> str:
+    """The commit sha of ``ref`` without cloning (a sha is its own answer)."""
+    if SHA.match(ref):
+        return ref
+    listed = _git("ls-remote", url, ref, f"refs/tags/{ref}^{{}}")
+    lines = [line.split("\t") for line in listed.splitlines() if line]
+    peeled = [sha for sha, name in lines if name.endswith("^{}")]  # an annotated tag's commit
+    if peeled or lines:
+        return (peeled or [lines[0][0]])[0]
+    raise ImageBuildError(f"build.git_ref '{ref}' not found in {url}; use a branch, tag or commit sha it has")
+
+
+def source_digest(build: ImageBuild) -> str:
+    folder = check_local_source(build)
+    if folder is not None:
+        return f"tree:{tree_digest(folder)}"
+    assert build.git_url and build.git_ref
+    return f"git:{build.git_url}@{resolve_git_ref(build.git_url, build.git_ref)}"
+
+
+def _clone(build: ImageBuild, into: Path) -> Path:
+    """A shallow clone at the ref that KEEPS .git: setuptools-scm derives vLLM's version from it (lesson 8)."""
+    assert build.git_url and build.git_ref
+    if SHA.match(build.git_ref):
+        _git("init", "-q", str(into))
+        _git("fetch", "-q", "--depth", "1", build.git_url, build.git_ref, cwd=into)
+        _git("checkout", "-q", "FETCH_HEAD", cwd=into)
+    else:
+        _git("clone", "-q", "--depth", "1", "--branch", build.git_ref, build.git_url, str(into))
+    return into
+
+
+def upload_source(target: GcpTarget, build: ImageBuild, plan: BuildPlan) -> bool:
+    """Pack the source as tar.gz into the bucket's staging prefix; False when it is already there."""
+    bucket = clients.storage(target).bucket(plan.source_bucket)
+    blob = bucket.blob(plan.source_object)
+    if blob.exists():
+        return False
+    with tempfile.TemporaryDirectory(prefix="image-source-") as scratch:
+        folder = check_local_source(build) or _clone(build, Path(scratch) / "src")
+        archive = Path(scratch) / "source.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in sorted(folder.rglob("*")):
+                tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
+        blob.upload_from_filename(str(archive), content_type="application/gzip")
+    return True
+
+
+# Artifact Registry -------------------------------------------------------------------------------------------
+def find_built(target: GcpTarget, build: ImageBuild, tag: str) -> str | None:
+    """The digest reference of an image already built with this tag, if Artifact Registry has it."""
+    registry = clients.artifact_registry(target)
+    name = f"{repository_path(target)}/packages/{build.image_name}/tags/{tag}"
+    try:
+        found = registry.get_tag(name=name, retry=GCP_RETRY)
+    except gexc.NotFound:
+        return None
+    digest = found.version.rsplit("/", 1)[-1]
+    return f"{repository_host(target)}/{build.image_name}@{digest}"
+
+
+# Cloud Build -------------------------------------------------------------------------------------------------
+def _log_tail(target: GcpTarget, build: cloudbuild_v1.Build, lines: int = 40) -> str:
+    bucket_path = build.logs_bucket.removeprefix("gs://")
+    bucket, _, prefix = bucket_path.partition("/")
+    name = f"{prefix}/log-{build.id}.txt" if prefix else f"log-{build.id}.txt"
+    try:
+        text = clients.storage(target).bucket(bucket).blob(name).download_as_text()
+    except gexc.NotFound:
+        return "(no log written)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: int) -> cloudbuild_v1.Build:
+    """Submit one build attempt and wait for it; returns the finished Build whatever its status."""
+    client = clients.cloud_build(target)
+    request = render_build(target, build, plan, max_jobs)
+    with gcp_errors("cloudbuild", "roles/cloudbuild.builds.editor", f"building {plan.tagged}", target.project):
+        # parent alone selects the regional endpoint (FACTS.md); the build runs in the service's region.
+        operation = client.create_build(parent=target.location_path, build=request)
+        build_id = operation.metadata.build.id
+        try:
+            finished = operation.result(timeout=build.timeout_seconds + 600, polling=clients.operation_polling(target))
+            build_id = finished.id
+        except gexc.GoogleAPICallError:
+            pass  # a failed build; its status is read back below, whichever way the failure arrived
+        return client.get_build(name=f"{target.location_path}/builds/{build_id}", retry=GCP_RETRY)
+
+
+def _is_oom(status: Status, tail: str) -> bool:
+    return status == Status.INTERNAL_ERROR or (status == Status.FAILURE and any(m in tail for m in OOM_MARKERS))
+
+
+def build_image(
+    target: GcpTarget,
+    build: ImageBuild,
+    attempt: Callable[[GcpTarget, ImageBuild, BuildPlan, int], cloudbuild_v1.Build] = run_build,
+) -> ImageResult:
+    """The image for ``build``: found by its content tag, or built down the max_jobs ladder."""
+    log = run_logger()
+    tag = content_tag(build, source_digest(build))
+    existing = find_built(target, build, tag)
+    if existing is not None:
+        log.info("image %s:%s already built (%s); no build needed", build.image_name, tag, existing)
+        return ImageResult(image=existing, tag=tag, strategy="build", reused=True)
+    plan = build_plan(target, build, tag)
+    upload_source(target, build, plan)
+    attempts: list[BuildAttempt] = []
+    for max_jobs in build.ladder:
+        started = time.monotonic()
+        finished = attempt(target, build, plan, max_jobs)
+        status = Status(finished.status)
+        attempts.append(
+            BuildAttempt(
+                max_jobs=max_jobs,
+                build_id=finished.id,
+                status=status.name,
+                log_url=finished.log_url,
+                seconds=round(time.monotonic() - started, 2),
+            )
+        )
+        if status == Status.SUCCESS:
+            digest = next((i.digest for i in finished.results.images if i.digest), "")
+            image = f"{plan.image}@{digest}" if digest else plan.tagged
+            log.info("built %s with max_jobs=%d after %d attempt(s)", image, max_jobs, len(attempts))
+            return ImageResult(image=image, tag=tag, strategy="build", reused=False, attempts=attempts)
+        tail = _log_tail(target, finished)
+        if not _is_oom(status, tail):
+            raise ImageBuildError(_failure_message(plan, finished, status, tail))
+        log.warning(
+            "build %s ended %s with max_jobs=%d (the builder ran out of memory); trying fewer jobs",
+            finished.id,
+            status.name,
+            max_jobs,
+        )
+    raise ImageBuildError(
+        f"building {plan.tagged} ran out of memory at every max_jobs down to the floor "
+        f"({', '.join(str(a.max_jobs) for a in attempts)}): lower build.max_jobs_floor, or use a machine with more "
+        f"RAM per core than {build.machine_type}. Last log: {attempts[-1].log_url}"
+    )
+
+
+def _failure_message(plan: BuildPlan, finished: cloudbuild_v1.Build, status: Status, tail: str) -> str:
+    fix = next((fix for marker, fix in KNOWN_FIXES.items() if marker in tail), None)
+    return (
+        f"building {plan.tagged} ended {status.name}"
+        + (f"; fix: {fix}" if fix else "")
+        + f"\nlog: {finished.log_url}\nlast lines:\n{tail}"
+    )
+
+
+def resolve_image(
+    target: GcpTarget,
+    profile: ServingProfile,
+    attempt: Callable[[GcpTarget, ImageBuild, BuildPlan, int], cloudbuild_v1.Build] = run_build,
+) -> ImageResult:
+    """The profile's image: its pinned prebuilt reference as is, or built (or found built) from its ImageBuild."""
+    if profile.image is not None:
+        return ImageResult(image=profile.image, strategy="prebuilt", reused=True)
+    assert profile.build is not None
+    return build_image(target, profile.build, attempt)
+
+
+cloudbuild_run_build = task(name="cloudbuild_run_build", task_run_name="build max_jobs={max_jobs}")(run_build)
+"""One ladder attempt as a Prefect task run, so each attempt shows in the UI with its max_jobs."""
