@@ -48,6 +48,7 @@ class ControlContext:
 
 def build_modules(ctx: ControlContext) -> list[ApiModule]:
     from sandbox.control.artifactregistry import ArtifactRegistry
+    from sandbox.control.cloudbuild import CloudBuild
     from sandbox.control.compute import Compute
     from sandbox.control.iam import Iam
     from sandbox.control.operations import Operations
@@ -61,6 +62,7 @@ def build_modules(ctx: ControlContext) -> list[ApiModule]:
         Iam(ctx),
         SecretManager(ctx),
         ArtifactRegistry(ctx),
+        CloudBuild(ctx),
     ]
     ctx.modules.update({m.name: m for m in modules})
     return modules

@@ -117,9 +117,18 @@ class Operations:
 
     def fail(self, name: str, error: GoogleApiError) -> bool:
         """Mark the operation done with ``error`` (its gRPC code from the error's status name)."""
-        return self._set_error(name, GRPC_CODES.get(error.status, UNKNOWN), error.message)
+        return self.fail_with_code(name, GRPC_CODES.get(error.status, UNKNOWN), error.message)
 
-    def _set_error(self, name: str, code: int, message: str) -> bool:
+    def update_metadata(self, name: str, metadata: proto.Message | Message) -> bool:
+        """Refresh a running operation's metadata (e.g. a build's progress). False if unknown or done."""
+        entry = self._ops.get(name)
+        if entry is None or entry.op.done:
+            return False
+        entry.op.metadata.CopyFrom(pack(metadata))
+        return True
+
+    def fail_with_code(self, name: str, code: int, message: str) -> bool:
+        """Mark the operation done with a raw gRPC ``code`` (e.g. 4 DEADLINE_EXCEEDED for a timed-out build)."""
         entry = self._ops.get(name)
         if entry is None or entry.op.done:
             return False
@@ -137,7 +146,7 @@ class Operations:
             return False
         if entry.on_cancel is not None:
             entry.on_cancel(name)
-        return self._set_error(name, CANCELLED, "Operation was cancelled.")
+        return self.fail_with_code(name, CANCELLED, "Operation was cancelled.")
 
     def get(self, name: str) -> operations_pb2.Operation | None:
         """A snapshot of the operation, or None if there is none by that name."""

@@ -1,0 +1,141 @@
+"""Images against the sandbox: prebuilt pins, Cloud Build from a folder or a git repository, the OOM ladder."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from blocks import GcpTarget, ImageBuild, ServingProfile
+from tasks import clients, infra
+from tasks.builds import ImageBuildError, build_image, resolve_image
+from tasks.images import build_plan, content_tag
+
+_ids = itertools.count()
+VLLM_LIKE = """\
+FROM python:3.12-slim AS base
+ARG max_jobs=32
+ENV MAX_JOBS=${max_jobs}
+RUN --mount=type=cache,target=/root/.cache pip install setuptools-scm
+FROM base AS vllm-openai
+COPY . /workspace
+ENTRYPOINT ["vllm", "serve"]
+"""
+
+
+@pytest.fixture
+def target(sandbox_target) -> GcpTarget:
+    n = next(_ids)
+    fresh = sandbox_target.model_copy(update={"bucket": f"builds-test-{n}", "artifact_repository": f"builds-{n}"})
+    infra.ensure_bucket(fresh)
+    infra.ensure_artifact_registry(fresh)
+    return fresh
+
+
+def folder(tmp_path: Path, dockerfile: str = VLLM_LIKE, scm: bool = False) -> Path:
+    src = tmp_path / f"src-{next(_ids)}"
+    src.mkdir()
+    (src / "Dockerfile").write_text(dockerfile)
+    (src / "app.py").write_text("print('hello')\n")
+    if scm:
+        (src / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools", "setuptools-scm"]\n')
+    return src
+
+
+def git_repo(tmp_path: Path) -> Path:
+    repo = folder(tmp_path, scm=True)
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["-c", "user.email=t@e", "-c", "user.name=t", "commit",
+                                                              "-qm", "v1"], ["tag", "v1.0"]):  # fmt: skip
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    return repo
+
+
+def build_posts(sb, since: int) -> int:
+    return sum(
+        1 for r in sb.requests("control", since=since) if r["method"] == "POST" and r["path"].endswith("/builds")
+    )
+
+
+def test_prebuilt_pin_is_used_as_is(target):
+    result = resolve_image(target, ServingProfile.preset("l4"))
+    assert (result.strategy, result.reused, result.attempts) == ("prebuilt", True, [])
+    assert result.image == ServingProfile.preset("l4").image
+
+
+def test_a_local_folder_is_built_once_and_reused_the_second_time(sb, target, tmp_path):
+    build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="app", max_jobs_ladder=[8, 4])
+    first = build_image(target, build)
+    assert not first.reused and [a.status for a in first.attempts] == ["SUCCESS"]
+    assert first.image.startswith(
+        f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}/app@sha256:"
+    )
+    since = sb.last_request_seq()
+    second = build_image(target, build)
+    assert second.reused and second.image == first.image and second.attempts == []
+    assert build_posts(sb, since) == 0
+
+
+def test_a_git_source_is_cloned_shallow_with_its_git_folder(sb, target, tmp_path):
+    repo = git_repo(tmp_path)
+    build = ImageBuild(git_url=f"file://{repo}", git_ref="v1.0", target="vllm-openai", image_name="from-git",
+                       max_jobs_ladder=[8])  # fmt: skip
+    result = build_image(target, build)
+    assert [a.status for a in result.attempts] == ["SUCCESS"]  # setuptools-scm found its .git
+    plan = build_plan(target, build, result.tag)
+    data = clients.storage(target).bucket(plan.source_bucket).blob(plan.source_object).download_as_bytes()
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        names = archive.getnames()
+    assert ".git/HEAD" in names and "Dockerfile" in names
+
+
+def test_the_ladder_halves_max_jobs_until_the_build_fits(target, tmp_path):
+    result = build_image(target, ImageBuild(source_dir=str(folder(tmp_path)), image_name="ladder"))
+    assert [(a.max_jobs, a.status) for a in result.attempts] == [
+        (32, "INTERNAL_ERROR"),
+        (16, "INTERNAL_ERROR"),
+        (8, "SUCCESS"),
+    ]
+    assert all(
+        a.log_url.startswith("https://console.cloud.google.com/cloud-build/builds;region=") for a in result.attempts
+    )
+
+
+def test_a_ladder_that_reaches_its_floor_fails_clearly(target, tmp_path):
+    build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="floor", max_jobs_floor=16)
+    with pytest.raises(ImageBuildError, match=r"ran out of memory at every max_jobs down to the floor \(32, 16\)"):
+        build_image(target, build)
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "scm", "fix"),
+    [
+        ("FROM python:3.12\nFOO bar\n", False, "fix the Dockerfile at the line shown"),
+        (VLLM_LIKE, True, "keep .git in the build context (lesson 8)"),
+    ],
+    ids=["dockerfile-error", "setuptools-scm-without-git"],
+)
+def test_other_failures_fail_at_once_with_the_log_and_the_fix(target, tmp_path, dockerfile, scm, fix):
+    build = ImageBuild(source_dir=str(folder(tmp_path, dockerfile, scm)), image_name="broken", max_jobs_ladder=[8, 4])
+    with pytest.raises(ImageBuildError) as caught:
+        build_image(target, build)
+    message = str(caught.value)
+    assert "ended FAILURE" in message and f"fix: {fix}" in message
+    assert "log: https://console.cloud.google.com/cloud-build/builds;region=" in message
+    assert "last lines:" in message and len(message.split("last lines:")[1].strip().splitlines()) <= 40
+
+
+def test_internal_error_twice_then_success(sb, target, tmp_path):
+    sb.admin.post("/cloudbuild/outcomes", json={"outcomes": ["INTERNAL_ERROR", "INTERNAL_ERROR"]}).raise_for_status()
+    result = build_image(target, ImageBuild(source_dir=str(folder(tmp_path, "FROM python:3.12\n")), image_name="flaky"))
+    assert [a.status for a in result.attempts] == ["INTERNAL_ERROR", "INTERNAL_ERROR", "SUCCESS"]
+
+
+def test_content_tag_of_a_folder_build_is_stable(tmp_path):
+    build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="stable")
+    from tasks.builds import source_digest
+
+    assert content_tag(build, source_digest(build)) == content_tag(build, source_digest(build))
