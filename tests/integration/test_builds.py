@@ -139,3 +139,11 @@ def test_content_tag_of_a_folder_build_is_stable(tmp_path):
     from tasks.builds import source_digest
 
     assert content_tag(build, source_digest(build)) == content_tag(build, source_digest(build))
+
+
+def test_serve_wrapper_recipe_builds_from_its_own_folder(target):
+    result = build_image(target, ImageBuild(recipe="serve-wrapper"))
+    assert [a.status for a in result.attempts] == ["SUCCESS"]
+    assert result.image.startswith(
+        f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}/vllm-serve@sha256:"
+    )
