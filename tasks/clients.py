@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 import google.auth
+import google.auth.exceptions
 from google.api_core.client_options import ClientOptions
 from google.api_core.future import polling
 from google.auth.credentials import AnonymousCredentials, Credentials
@@ -23,6 +24,7 @@ from blocks.target import GcpTarget
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 IAM_DEFAULT_ENDPOINT = "https://iam.googleapis.com"
+LOGGING_DEFAULT_ENDPOINT = "https://logging.googleapis.com"
 HUB_DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
@@ -128,6 +130,24 @@ def iam(target: GcpTarget) -> IamRest:
     return IamRest(AuthorizedSession(credentials(target)), target.endpoint("iam") or IAM_DEFAULT_ENDPOINT)
 
 
+@dataclass(frozen=True)
+class LoggingRest:
+    """The Cloud Logging API v2, called over REST: reading entries needs one method, not google-cloud-logging."""
+
+    session: AuthorizedSession
+    base_url: str
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}/v2/{path.lstrip('/')}"
+
+
+def logging_api(target: GcpTarget) -> LoggingRest:
+    """Cloud Logging API v2 (revision logs): an authorized session and the target's endpoint."""
+    return LoggingRest(
+        AuthorizedSession(credentials(target)), target.endpoint("logging") or LOGGING_DEFAULT_ENDPOINT
+    )
+
+
 def operation_polling(target: GcpTarget):
     """Polling policy for long-running operations: the client default unless the target sets an interval."""
     if target.operation_poll_seconds is None:
@@ -135,6 +155,38 @@ def operation_polling(target: GcpTarget):
     return polling.DEFAULT_POLLING.with_delay(
         initial=target.operation_poll_seconds, maximum=target.operation_poll_seconds, multiplier=1.0
     )
+
+
+def identity_token(target: GcpTarget, audience: str) -> SecretStr:
+    """An identity token for calling a private Cloud Run URL (lesson 21).
+
+    Service accounts and the metadata server mint one for the audience; user credentials carry one after a
+    refresh. A target of local stand-ins uses a placeholder: its front ends only check that one is sent.
+    """
+    if target.anonymous_credentials:
+        return SecretStr("sandbox-identity-token")
+    import google.auth.transport.requests
+    import google.oauth2.id_token
+
+    request = google.auth.transport.requests.Request()
+    info = target.gcp_credentials.service_account_info if target.gcp_credentials else None
+    if info is not None:
+        from google.oauth2 import service_account
+
+        creds = service_account.IDTokenCredentials.from_service_account_info(
+            info.get_secret_value(), target_audience=audience
+        )
+        creds.refresh(request)
+        return SecretStr(creds.token)
+    try:
+        return SecretStr(google.oauth2.id_token.fetch_id_token(request, audience))
+    except google.auth.exceptions.DefaultCredentialsError:
+        user = credentials(target)
+        user.refresh(request)
+        token = getattr(user, "id_token", None)
+        if not token:
+            raise
+        return SecretStr(token)
 
 
 @dataclass(frozen=True)

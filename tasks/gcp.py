@@ -58,6 +58,7 @@ SERVICES = {
     "secretmanager": ("Secret Manager", "secretmanager.googleapis.com"),
     "artifactregistry": ("Artifact Registry", "artifactregistry.googleapis.com"),
     "cloudbuild": ("Cloud Build", "cloudbuild.googleapis.com"),
+    "logging": ("Cloud Logging", "logging.googleapis.com"),
 }
 DISABLED_MARKERS = ("has not been used in project", "it is disabled", "SERVICE_DISABLED", "API has not been")
 

@@ -51,6 +51,7 @@ def build_modules(ctx: ControlContext) -> list[ApiModule]:
     from sandbox.control.cloudbuild import CloudBuild
     from sandbox.control.compute import Compute
     from sandbox.control.iam import Iam
+    from sandbox.control.logging import Logging
     from sandbox.control.operations import Operations
     from sandbox.control.run import CloudRun
     from sandbox.control.secretmanager import SecretManager
@@ -63,6 +64,7 @@ def build_modules(ctx: ControlContext) -> list[ApiModule]:
         SecretManager(ctx),
         ArtifactRegistry(ctx),
         CloudBuild(ctx),
+        Logging(ctx),
     ]
     ctx.modules.update({m.name: m for m in modules})
     return modules

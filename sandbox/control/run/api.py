@@ -44,6 +44,7 @@ State = run_v2.Condition.State
 LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
 BY_REVISION = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
 INVOKER = "roles/run.invoker"
+DRAIN_SIM_S, DRAIN_MIN_REAL_S = 60, 1.0  # in-flight requests finish on a revision that lost its traffic
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
 # User-settable top-level fields a PATCH without updateMask replaces.
 MUTABLE_FIELDS = (
@@ -525,13 +526,29 @@ class CloudRun:
         ]
         service.etag = res.etag_of(service)
         self._finish(op, service)
-        await self._retire_unrouted(record)
+        task = asyncio.create_task(self._retire_unrouted(record))
+        record.rollouts.add(task)
+        task.add_done_callback(record.rollouts.discard)
+
+    def _routed(self, record: ServiceRecord) -> set[str]:
+        return {r for r, pct in record.routes if pct} | set(record.tag_routes.values())
 
     async def _retire_unrouted(self, record: ServiceRecord) -> None:
-        """Stop instances of revisions that no URL can reach any more (Cloud Run scales them to zero)."""
-        routed = {r for r, pct in record.routes if pct} | set(record.tag_routes.values())
-        for name in list(record.revisions):
-            if name.rsplit("/", 1)[1] not in routed and name != record.service.latest_created_revision:
+        """Stop instances no URL can reach any more (Cloud Run scales them to zero), after a drain period.
+
+        Requests already on their way to the old revision when traffic moves must still complete, as on
+        Cloud Run; the instance stops only if it is still unrouted when the period ends.
+        """
+        unrouted = [
+            name
+            for name in record.revisions
+            if name.rsplit("/", 1)[1] not in self._routed(record) and name != record.service.latest_created_revision
+        ]
+        if not unrouted:
+            return
+        await asyncio.sleep(max(DRAIN_SIM_S * self.config.time_scale, DRAIN_MIN_REAL_S))
+        for name in unrouted:
+            if name in self.instances and name.rsplit("/", 1)[1] not in self._routed(record):
                 await self._stop_instance(name)
 
     # Instances --------------------------------------------------------------------------------------------

@@ -1,0 +1,211 @@
+"""Cloud Run container logs as Cloud Logging entries, read from the revision log files the Cloud Run stand-in writes.
+
+Each revision's instances append stdout and stderr to ``{run state}/{service}/{revision}/container.log``.
+Lines are read incrementally and keep what they were given the first time they were seen (timestamp,
+insertId, instance id), so repeated queries and page tokens see one stable, append-only log:
+
+- Timestamps: the file holds no per-line times, but its order is what matters. New lines end at the file's
+  mtime and are spaced 1 microsecond apart, always after the file's previous line, so each revision's log
+  is strictly increasing in file order and later writes sort later.
+- Stream and severity: the container's stdout and stderr share one file. Lines shaped like the vLLM
+  stand-in's logger output (sandbox/vllm/logs.py; vLLM logs to stdout) are stdout; everything else (shell
+  errors such as "serve: command not found", Python tracebacks) is stderr, as a real container writes them.
+  Plain-text stdout becomes severity DEFAULT and stderr ERROR.
+- A trailing line without its newline is held back while an instance may still be writing it, as a log
+  agent does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import timestamp_pb2
+
+from sandbox.control.logging.filters import SEVERITIES
+
+RESOURCE_TYPE = "cloud_run_revision"
+LOG_FILE = "container.log"
+STEP_NS = 1_000
+STDOUT_LINE = re.compile(
+    r"^(?:\(\w+ pid=\d+\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[|INFO: {5})"
+    r"|^\[sandbox\] (?!bad launcher contract)"
+)
+
+
+@dataclass
+class LogLine:
+    """One container log line with what Cloud Logging attached to it when it arrived."""
+
+    seq: int  # global arrival order: breaks timestamp ties between files, part of page tokens
+    ts_ns: int
+    received_ns: int
+    text: str
+    stream: str  # "stdout" or "stderr"
+    instance_id: str
+    insert_id: str
+
+    @property
+    def severity(self) -> str:
+        return "ERROR" if self.stream == "stderr" else "DEFAULT"
+
+
+@dataclass
+class RevisionLog:
+    """The entries read so far from one revision's container log file."""
+
+    path: Path
+    service_id: str
+    revision: str
+    location: str
+    identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino): a replaced file starts over
+    consumed: int = 0
+    lines: list[LogLine] = field(default_factory=list)
+    instance_id: str = ""
+
+    def labels(self, project: str) -> dict[str, str]:
+        return {
+            "service_name": self.service_id,
+            "revision_name": self.revision,
+            "location": self.location,
+            "configuration_name": self.service_id,
+            "project_id": project,
+        }
+
+
+class LogStore:
+    """Reads revision log files on demand and keeps their entries stable across queries."""
+
+    def __init__(self, run_state_dir: Path, default_location: str) -> None:
+        self.run_state_dir = run_state_dir
+        self.default_location = default_location
+        self.logs: dict[Path, RevisionLog] = {}
+        self._seq = itertools.count(1)
+
+    def refresh(
+        self, locations: dict[tuple[str, str], str], writers: dict[Path, tuple[str, bool]]
+    ) -> list[RevisionLog]:
+        """Read what was appended to every revision log since the last call.
+
+        ``locations`` maps (service, revision) to the region the Cloud Run stand-in knows it in; ``writers``
+        maps a log file to its instance's id and whether that instance's process is still running.
+        """
+        for path in sorted(self.run_state_dir.glob(f"*/*/{LOG_FILE}")):
+            service_id, revision = path.parts[-3], path.parts[-2]
+            log = self.logs.get(path)
+            if log is None:
+                location = locations.get((service_id, revision), self.default_location)
+                log = self.logs[path] = RevisionLog(path, service_id, revision, location)
+            self._read(log, writers)
+        return list(self.logs.values())
+
+    def _read(self, log: RevisionLog, writers: dict[Path, tuple[str, bool]]) -> None:
+        try:
+            stat = log.path.stat()
+            identity = (stat.st_dev, stat.st_ino)
+            if identity != log.identity or stat.st_size < log.consumed:
+                log.identity, log.consumed = identity, 0  # a new file under the same name: read it from the start
+            if stat.st_size == log.consumed:
+                return
+            with log.path.open("rb") as handle:
+                handle.seek(log.consumed)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        instance_id, writing = writers.get(log.path, ("", False))
+        # Lines are credited to the instance that owns the file when they are first read; a file read only
+        # after its instance was retired keeps an id of its own.
+        log.instance_id = instance_id or log.instance_id or _instance_id(f"{log.path}:{identity}")
+        pieces = data.split(b"\n")
+        complete, partial = pieces[:-1], pieces[-1]
+        if partial and not writing:
+            complete.append(partial)  # the writer is gone: its last unterminated line is all there will be
+            partial = b""
+        consumed_from = log.consumed
+        log.consumed += len(data) - len(partial)
+        self._append(log, consumed_from, complete, stat.st_mtime_ns)
+
+    def _append(self, log: RevisionLog, start: int, raw_lines: list[bytes], mtime_ns: int) -> None:
+        kept: list[tuple[int, str]] = []
+        offset = start
+        for raw in raw_lines:
+            text = raw.decode("utf-8", "replace").rstrip("\r")
+            if text.strip():  # the log agent sends no entry for an empty line
+                kept.append((offset, text))
+            offset += len(raw) + 1
+        if not kept:
+            return
+        last = log.lines[-1].ts_ns if log.lines else 0
+        end = max(mtime_ns, last + len(kept) * STEP_NS)
+        received = max(time.time_ns(), end)
+        for index, (at, text) in enumerate(kept):
+            log.lines.append(
+                LogLine(
+                    seq=next(self._seq),
+                    ts_ns=end - (len(kept) - 1 - index) * STEP_NS,
+                    received_ns=received,
+                    text=text,
+                    stream="stdout" if STDOUT_LINE.match(text) else "stderr",
+                    instance_id=log.instance_id,
+                    insert_id=hashlib.sha1(f"{log.path}:{log.identity}:{at}".encode()).hexdigest()[:20],
+                )
+            )
+
+
+def instance_id_for(revision_name: str, pid: int | None) -> str:
+    """A stable id for one instance (one container process) of a revision, hex like Cloud Run's."""
+    return _instance_id(f"{revision_name}:{pid}")
+
+
+def _instance_id(seed: str) -> str:
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def rfc3339(ns: int) -> str:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromNanoseconds(ns)
+    return stamp.ToJsonString()
+
+
+def entry_json(log: RevisionLog, line: LogLine, project: str) -> dict:
+    """The LogEntry as entries.list returns it for a Cloud Run container log line."""
+    return {
+        "textPayload": line.text,
+        "insertId": line.insert_id,
+        "resource": {"type": RESOURCE_TYPE, "labels": log.labels(project)},
+        "timestamp": rfc3339(line.ts_ns),
+        "severity": line.severity,
+        "labels": {"instanceId": line.instance_id},
+        "logName": log_name(project, line.stream),
+        "receiveTimestamp": rfc3339(line.received_ns),
+    }
+
+
+def log_name(project: str, stream: str) -> str:
+    return f"projects/{project}/logs/run.googleapis.com%2F{stream}"
+
+
+def field_value(log: RevisionLog, line: LogLine, project: str, name: str) -> str | int:
+    """The value a filter clause on ``name`` compares against."""
+    if name == "resource.type":
+        return RESOURCE_TYPE
+    if name.startswith("resource.labels."):
+        return log.labels(project)[name.removeprefix("resource.labels.")]
+    if name == "logName":
+        return log_name(project, line.stream)
+    if name == "severity":
+        return SEVERITIES[line.severity]
+    if name == "timestamp":
+        return line.ts_ns
+    raise KeyError(name)
+
+
+def all_lines(logs: Iterable[RevisionLog]) -> Iterable[tuple[RevisionLog, LogLine]]:
+    for log in logs:
+        for line in log.lines:
+            yield log, line

@@ -1,0 +1,136 @@
+"""The part of the Logging query language that reading Cloud Run revision logs needs.
+
+Supported: comparisons on ``resource.type``, ``resource.labels.<label>`` and ``logName`` (``=`` only),
+``severity`` and ``timestamp`` (``=``, ``>``, ``>=``, ``<``, ``<=``), joined by the keyword ``AND``
+(upper case, as the real grammar requires) or by whitespace and newlines (an implicit AND, as on GCP).
+Values may be quoted (``"..."`` with backslash escapes) or bare. Anything else (``OR``, ``NOT``, ``:``,
+``!=``, parentheses, other fields) is refused with 400 INVALID_ARGUMENT naming the clause: a stand-in that
+silently ignored part of a filter would return logs the real API would not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf import timestamp_pb2
+
+from sandbox.control.errors import GoogleApiError, invalid_argument
+
+# google.logging.type.LogSeverity
+SEVERITIES = {
+    "DEFAULT": 0,
+    "DEBUG": 100,
+    "INFO": 200,
+    "NOTICE": 300,
+    "WARNING": 400,
+    "ERROR": 500,
+    "CRITICAL": 600,
+    "ALERT": 700,
+    "EMERGENCY": 800,
+}
+RESOURCE_LABELS = ("service_name", "revision_name", "location", "configuration_name", "project_id")
+ORDERED_OPS = {
+    "=": lambda a, b: a == b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+}
+
+_CLAUSE = re.compile(
+    r'(?P<field>[A-Za-z_][\w.]*)\s*(?P<op>>=|<=|!=|=~|!~|=|>|<|:)\s*(?P<value>"(?:[^"\\\n]|\\.)*"|[^\s"()]+)'
+)
+_AND = re.compile(r"AND(?=\s)")
+SUPPORTED = (
+    'resource.type="...", resource.labels.<label>="...", logName="...", severity>=LEVEL and '
+    'timestamp>="RFC 3339", joined with AND'
+)
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One ``field op value`` comparison, already checked and converted for matching."""
+
+    text: str
+    field: str
+    op: str
+    value: str | int
+
+
+def parse(text: str) -> list[Clause]:
+    """The clauses of ``text`` (all must hold); raises 400 for anything outside the supported subset."""
+    clauses: list[Clause] = []
+    pos, end = 0, len(text)
+    while True:
+        pos = _skip_space(text, pos)
+        if pos >= end:
+            return clauses
+        if clauses:
+            joined = _AND.match(text, pos)
+            if joined:
+                pos = _skip_space(text, joined.end())
+                if pos >= end:
+                    raise _unsupported("AND", "AND must be followed by another comparison")
+        match = _CLAUSE.match(text, pos)
+        if match is None or (match.end() < end and not text[match.end()].isspace()):
+            raise _unsupported(_segment(text, pos), "not a comparison the sandbox understands")
+        clauses.append(_clause(match))
+        pos = match.end()
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _segment(text: str, pos: int) -> str:
+    """The rest of the clause that failed to parse, up to the next line or ``AND``, for the error message."""
+    rest = text[pos:].split("\n", 1)[0]
+    return re.split(r"\sAND\s", rest, maxsplit=1)[0].strip() or rest.strip()
+
+
+def _unsupported(clause: str, why: str) -> GoogleApiError:
+    return invalid_argument(f"Unsupported filter clause '{clause}': {why}. The sandbox supports {SUPPORTED}.")
+
+
+def _unquote(raw: str) -> str:
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        return re.sub(r"\\(.)", r"\1", raw[1:-1])
+    return raw
+
+
+def _clause(match: re.Match[str]) -> Clause:
+    text, field, op = match.group(0), match.group("field"), match.group("op")
+    value = _unquote(match.group("value"))
+    is_label = field.startswith("resource.labels.") and field.removeprefix("resource.labels.") in RESOURCE_LABELS
+    if field in ("resource.type", "logName") or is_label:
+        if op != "=":
+            raise _unsupported(text, f"only '=' is supported on {field}")
+        return Clause(text, field, op, value)
+    if field == "severity":
+        if op not in ORDERED_OPS:
+            raise _unsupported(text, f"operator '{op}' is not supported on severity")
+        level = SEVERITIES.get(value.upper()) if not value.isdigit() else int(value)
+        if level is None:
+            raise invalid_argument(f"Invalid severity '{value}' in filter clause '{text}'.")
+        return Clause(text, field, op, level)
+    if field == "timestamp":
+        if op not in ORDERED_OPS:
+            raise _unsupported(text, f"operator '{op}' is not supported on timestamp")
+        stamp = timestamp_pb2.Timestamp()
+        try:
+            stamp.FromJsonString(value)
+        except ValueError:
+            raise invalid_argument(
+                f"Invalid timestamp '{value}' in filter clause '{text}': use RFC 3339, e.g. 2024-05-01T12:00:00Z."
+            ) from None
+        return Clause(text, field, op, stamp.ToNanoseconds())
+    raise _unsupported(text, f"field '{field}' is not supported")
+
+
+def matcher(clauses: list[Clause], fields: Callable[[str], str | int]) -> bool:
+    """Whether an entry whose field values ``fields`` returns satisfies every clause."""
+    return all(ORDERED_OPS[c.op](fields(c.field), c.value) for c in clauses)

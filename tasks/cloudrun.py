@@ -1,0 +1,260 @@
+"""Cloud Run: deploy a tagged candidate revision with no traffic, then promote it or leave traffic alone.
+
+None of the seeds' tools does this: they `gcloud run deploy` and hope. Here a new revision is reachable only
+at its `candidate` tag URL until tasks/probe.py has verified it; then it takes 100 % and the previous revision
+is kept, named, for rollback. On any failure traffic stays where it was and the tag is removed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from google.api_core import exceptions as gexc
+from google.cloud import run_v2
+from google.protobuf import field_mask_pb2
+from pydantic import BaseModel, Field, SecretStr
+
+from blocks.target import GcpTarget
+from tasks import clients
+from tasks.gcp import GCP_RETRY, InfraError, gcp_errors
+from tasks.logs import run_logger
+from tasks.preflight import CANDIDATE_TAG
+from tasks.probe import Verification, VerificationFailed, VerifyOptions, verify
+from tasks.revision_logs import revision_log_tail
+
+BY_REVISION = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
+LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
+Ready = run_v2.Condition.State
+MAX_SERVICE_ID = 46 - len(CANDIDATE_TAG)
+
+
+class DeployFailed(RuntimeError):
+    """The candidate revision never became ready; the message carries Cloud Run's reason and its logs."""
+
+
+class PromotionFailed(RuntimeError):
+    """The candidate was not promoted; traffic is where it was before."""
+
+
+class Candidate(BaseModel):
+    service: str
+    service_url: str
+    revision: str
+    url: str = Field(description="Where the candidate answers: its tag URL, or the service URL when unchanged.")
+    previous_traffic: list[tuple[str, int]] = Field(default_factory=list)
+    first_deploy: bool = False
+    unchanged: bool = Field(False, description="This revision already serves all traffic: nothing to do.")
+
+    @property
+    def previous_revision(self) -> str | None:
+        serving = [revision for revision, percent in self.previous_traffic if percent]
+        return serving[0] if len(serving) == 1 else None
+
+
+class Promotion(BaseModel):
+    service: str
+    service_url: str
+    revision: str
+    previous_revision: str | None
+    first_deploy: bool
+    unchanged: bool
+    verification: Verification | None = None
+
+
+def service_id_for(repo_id: str) -> str:
+    """A Cloud Run service name from a repo id: lowercase, dashes, a letter first, room for the tag URL."""
+    name = re.sub(r"[^a-z0-9]+", "-", repo_id.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"vllm-{name}"
+    return name[:MAX_SERVICE_ID].rstrip("-")
+
+
+def service_path(target: GcpTarget, service_id: str) -> str:
+    return f"{target.location_path}/services/{service_id}"
+
+
+def _short(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+def _serving(service: run_v2.Service) -> list[tuple[str, int]]:
+    return [(s.revision, s.percent) for s in service.traffic_statuses if s.percent > 0]
+
+
+def _ready(revision: run_v2.Revision) -> bool:
+    return any(c.type_ == "Ready" and c.state == Ready.CONDITION_SUCCEEDED for c in revision.conditions)
+
+
+def _set_traffic(target: GcpTarget, service_id: str, traffic: list[run_v2.TrafficTarget]) -> run_v2.Service:
+    """Change only the traffic split (no new revision)."""
+    services = clients.run_services(target)
+    return services.update_service(
+        service=run_v2.Service(name=service_path(target, service_id), traffic=traffic),
+        update_mask=field_mask_pb2.FieldMask(paths=["traffic"]),
+        retry=GCP_RETRY,
+    ).result(polling=clients.operation_polling(target))
+
+
+def _pinned(traffic: list[tuple[str, int]]) -> list[run_v2.TrafficTarget]:
+    return [run_v2.TrafficTarget(type_=BY_REVISION, revision=r, percent=p) for r, p in traffic]
+
+
+def _failure_details(target: GcpTarget, service_id: str, revision: str, error: Exception) -> str:
+    revisions = clients.run_revisions(target)
+    try:
+        found = revisions.get_revision(name=f"{service_path(target, service_id)}/revisions/{revision}")
+        ready = next((c for c in found.conditions if c.type_ == "Ready"), None)
+        reason = ready.message if ready and ready.message else str(error)
+    except gexc.NotFound:
+        reason = str(error)
+    logs = revision_log_tail(target, service_id, revision, 40)
+    tail = "\n".join(logs) if logs else "(no container output)"
+    return f"revision {revision} of {service_id} did not become ready: {reason}\ncontainer log (last lines):\n{tail}"
+
+
+def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tuple[str, run_v2.Revision | None]:
+    """``wanted``, or ``wanted-2``... when an earlier attempt left a failed revision under that name."""
+    revisions = clients.run_revisions(target)
+    for attempt in range(1, 10):
+        name = wanted if attempt == 1 else f"{wanted[:60]}-{attempt}"
+        try:
+            existing = revisions.get_revision(name=f"{service_path(target, service_id)}/revisions/{name}")
+        except gexc.NotFound:
+            return name, None
+        if _ready(existing):
+            return name, existing
+    raise InfraError(f"revisions {wanted} to {wanted}-9 of {service_id} all failed; change the profile or weights")
+
+
+def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
+    """Create the service (first deploy), or add the spec as a named revision tagged `candidate` with 0 %."""
+    if not spec.template.revision:
+        raise ValueError("deploy_candidate needs a named revision (tasks.render.revision_name)")
+    services = clients.run_services(target)
+    name = service_path(target, service_id)
+    with gcp_errors("run", "roles/run.developer", f"deploying {service_id}", target.project):
+        try:
+            current = services.get_service(name=name, retry=GCP_RETRY)
+        except gexc.NotFound:
+            return _first_deploy(target, service_id, spec)
+        serving = _serving(current)
+        revision, existing = _free_revision_name(target, service_id, spec.template.revision)
+        if existing is not None and serving == [(revision, 100)]:
+            return Candidate(
+                service=name, service_url=current.uri, revision=revision, url=current.uri,
+                previous_traffic=serving, unchanged=True,
+            )  # fmt: skip
+        spec = run_v2.Service(spec, name=name)
+        spec.template.revision = revision
+        spec.traffic = [*_pinned(serving), run_v2.TrafficTarget(type_=BY_REVISION, revision=revision, percent=0,
+                                                                tag=CANDIDATE_TAG)]  # fmt: skip
+        try:
+            updated = services.update_service(service=spec, retry=GCP_RETRY).result(
+                polling=clients.operation_polling(target)
+            )
+        except gexc.GoogleAPICallError as exc:
+            details = _failure_details(target, service_id, revision, exc)
+            _set_traffic(target, service_id, _pinned(serving))  # drop the tag; traffic was never moved
+            raise DeployFailed(details) from None
+    tag_url = next(s.uri for s in updated.traffic_statuses if s.tag == CANDIDATE_TAG)
+    return Candidate(service=name, service_url=updated.uri, revision=revision, url=tag_url, previous_traffic=serving)
+
+
+def _first_deploy(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
+    services = clients.run_services(target)
+    spec = run_v2.Service(spec)
+    spec.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=100, tag=CANDIDATE_TAG)]
+    try:
+        created = services.create_service(
+            parent=target.location_path, service=spec, service_id=service_id, retry=GCP_RETRY
+        ).result(polling=clients.operation_polling(target))
+    except gexc.GoogleAPICallError as exc:
+        raise DeployFailed(
+            _failure_details(target, service_id, spec.template.revision, exc)
+            + "\n(first deploy: nothing was serving before)"
+        ) from None
+    tag_url = next(s.uri for s in created.traffic_statuses if s.tag == CANDIDATE_TAG)
+    return Candidate(
+        service=created.name, service_url=created.uri, revision=_short(created.latest_ready_revision),
+        url=tag_url, first_deploy=True,
+    )  # fmt: skip
+
+
+def promote_candidate(target: GcpTarget, service_id: str, candidate: Candidate) -> run_v2.Service:
+    """All traffic to the candidate; its tag goes away (the previous revision stays, named, for rollback)."""
+    with gcp_errors("run", "roles/run.developer", f"promoting {candidate.revision}", target.project):
+        return _set_traffic(target, service_id, _pinned([(candidate.revision, 100)]))
+
+
+def abandon_candidate(target: GcpTarget, service_id: str, candidate: Candidate) -> None:
+    """Traffic as it was before the candidate, without its tag (on a first deploy, nothing else exists)."""
+    if candidate.first_deploy or candidate.unchanged:
+        return
+    with gcp_errors("run", "roles/run.developer", f"removing candidate {candidate.revision}", target.project):
+        _set_traffic(target, service_id, _pinned(candidate.previous_traffic))
+
+
+def roll_out(
+    target: GcpTarget,
+    service_id: str,
+    spec: run_v2.Service,
+    served_name: str,
+    options: VerifyOptions | None = None,
+) -> Promotion:
+    """Deploy the candidate, verify it at its tag URL, then move all traffic to it; or leave traffic alone."""
+    log = run_logger()
+    candidate = deploy_candidate(target, service_id, spec)
+    if candidate.unchanged:
+        log.info("%s already serves 100 %% of %s: nothing to do", candidate.revision, service_id)
+        return Promotion(
+            service=candidate.service, service_url=candidate.service_url, revision=candidate.revision,
+            previous_revision=candidate.revision, first_deploy=False, unchanged=True,
+        )  # fmt: skip
+    token: SecretStr = clients.identity_token(target, candidate.url)
+    try:
+        verification = verify(candidate.url, token, served_name, options)
+    except VerificationFailed as exc:
+        abandon_candidate(target, service_id, candidate)
+        where = (
+            "nothing was serving before" if candidate.first_deploy else f"traffic stays on {candidate.previous_traffic}"
+        )
+        raise PromotionFailed(f"candidate {candidate.revision} failed verification: {exc}; {where}") from None
+    promote_candidate(target, service_id, candidate)
+    log.info("promoted %s to 100 %% of %s (previous: %s)", candidate.revision, service_id, candidate.previous_revision)
+    return Promotion(
+        service=candidate.service, service_url=candidate.service_url, revision=candidate.revision,
+        previous_revision=candidate.previous_revision, first_deploy=candidate.first_deploy, unchanged=False,
+        verification=verification,
+    )  # fmt: skip
+
+
+class Rollback(BaseModel):
+    service: str
+    from_revision: str
+    to_revision: str
+
+
+def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None) -> Rollback:
+    """Traffic back to ``to_revision``, or to the newest ready revision older than the one serving now."""
+    services = clients.run_services(target)
+    with gcp_errors("run", "roles/run.developer", f"rolling back {service_id}", target.project):
+        current = services.get_service(name=service_path(target, service_id), retry=GCP_RETRY)
+        serving = _serving(current)
+        now = serving[0][0] if serving else ""
+        if to_revision is None:
+            revisions = list(clients.run_revisions(target).list_revisions(parent=current.name, retry=GCP_RETRY))
+            serving_since = next((r.create_time for r in revisions if _short(r.name) == now), None)
+            older = sorted(
+                (
+                    r
+                    for r in revisions
+                    if _ready(r) and _short(r.name) != now and (serving_since is None or r.create_time < serving_since)
+                ),
+                key=lambda r: r.create_time,
+                reverse=True,
+            )
+            if not older:
+                raise InfraError(f"{service_id} has no other ready revision to roll back to")
+            to_revision = _short(older[0].name)
+        _set_traffic(target, service_id, _pinned([(to_revision, 100)]))
+    return Rollback(service=current.name, from_revision=now, to_revision=to_revision)

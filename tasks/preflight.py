@@ -1,0 +1,293 @@
+"""Preflight: the field lessons as checks on the profile and the rendered service, before any cloud call.
+
+Each finding names the setting and the fix. Errors block the promotion; warnings go into the report. Checks
+that need the model (weights against GPU memory, the KV cache budget) run once the Hub listing and config
+are known (`ModelFacts`), still before anything is staged or deployed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from google.cloud import run_v2
+from pydantic import BaseModel
+
+from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
+from blocks.profile import CPU_MODE_ENV, DISALLOWED_MOUNT_ROOTS, ServingProfile
+from blocks.target import GcpTarget
+from tasks.images import prebuilt_findings
+from tasks.render import CPU_PROBE_LIMIT_S, GPU_PROBE_LIMIT_S, MODEL_GARDEN_REPO
+
+CANDIDATE_TAG = "candidate"
+RUNTIME_MEMORY_GIB = 4  # Python, CUDA context and the server, besides the weights, when they sit in RAM
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2}
+KV_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+MEMORY_BACKED = ("/tmp", "/dev/shm")
+
+
+class Finding(BaseModel):
+    severity: Literal["error", "warning"]
+    setting: str
+    message: str
+    lesson: int | None = None
+
+    def __str__(self) -> str:
+        lesson = f" (lesson {self.lesson})" if self.lesson else ""
+        return f"{self.severity}: {self.setting}: {self.message}{lesson}"
+
+
+class PreflightError(ValueError):
+    """The promotion would fail in the cloud; nothing was created or spent."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        self.findings = findings
+        errors = [f for f in findings if f.severity == "error"]
+        super().__init__("preflight found problems to fix first:\n" + "\n".join(f"- {f}" for f in errors))
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What preflight knows about the model once it is resolved: staged bytes and its config.json."""
+
+    weights_bytes: int
+    config: dict | None = None
+
+
+def _error(setting: str, message: str, lesson: int | None = None) -> Finding:
+    return Finding(severity="error", setting=setting, message=message, lesson=lesson)
+
+
+def _warning(setting: str, message: str, lesson: int | None = None) -> Finding:
+    return Finding(severity="warning", setting=setting, message=message, lesson=lesson)
+
+
+def _arg_value(args: list[str], flag: str) -> str | None:
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -> list[Finding]:
+    """Checks on settings alone."""
+    findings = [_error("image", text.removeprefix("image: "), 1) for text in prebuilt_findings(profile)]
+    if profile.gpu_type:
+        gpu = GPUS[profile.gpu_type]
+        if target.region not in gpu.regions:
+            findings.append(
+                _error(
+                    "gpu_type",
+                    f"{profile.gpu_type} is not offered in {target.region}; use a region with it "
+                    f"({', '.join(sorted(gpu.regions))}) or another GPU type",
+                )
+            )
+        if profile.max_instances > profile.gpu_quota:
+            findings.append(
+                _error(
+                    "max_instances",
+                    f"{profile.max_instances} is above the GPU quota of {profile.gpu_quota} per region; set "
+                    f"max_instances to {profile.gpu_quota} or fewer, or request more quota and raise gpu_quota",
+                    6,
+                )
+            )
+        if profile.gpu_type == "nvidia-rtx-pro-6000" and profile.gpu_zonal_redundancy:
+            findings.append(
+                _error(
+                    "gpu_zonal_redundancy",
+                    "RTX Pro 6000 deploys need zonal redundancy off (--no-gpu-zonal-redundancy): projects have no "
+                    "quota for it; set gpu_zonal_redundancy to false",
+                    13,
+                )
+            )
+    else:
+        missing = {k: v for k, v in CPU_MODE_ENV.items() if k != "VLLM_CPU_KVCACHE_SPACE" and profile.env.get(k) != v}
+        if missing:
+            wanted = ", ".join(f"{k}={v}" for k, v in missing.items())
+            findings.append(
+                _error(
+                    "env",
+                    f"a CPU-only service needs {wanted}: Cloud Run's /dev/shm is too small for vLLM's "
+                    "multiprocessing and cannot be mounted over; start from the cpu preset",
+                    9,
+                )
+            )
+    if profile.effective_concurrency < profile.vllm.max_num_seqs:
+        findings.append(
+            _warning(
+                "concurrency",
+                f"{profile.effective_concurrency} is below vllm.max_num_seqs ({profile.vllm.max_num_seqs}): Cloud Run "
+                "never sends enough requests to fill a batch; leave concurrency empty for twice max_num_seqs",
+                20,
+            )
+        )
+    if len(service_id) + len(CANDIDATE_TAG) > 46:
+        findings.append(
+            _error(
+                "service",
+                f"'{service_id}' is too long for its '{CANDIDATE_TAG}' tag URL (tag plus service name at most 46 "
+                f"characters); use at most {46 - len(CANDIDATE_TAG)} characters",
+            )
+        )
+    cache = _arg_value(profile.vllm.extra_args, "--download-dir") or profile.env.get("HF_HOME")
+    if cache and cache.startswith(MEMORY_BACKED):
+        findings.append(
+            _warning(
+                "vllm.extra_args",
+                f"{cache} is memory-backed on Cloud Run: weights copied there count against memory_gib "
+                f"({profile.memory_gib} GiB); preflight checks the size once the model is known",
+                13,
+            )
+        )
+    return findings
+
+
+def check_service(profile: ServingProfile, service: run_v2.Service) -> list[Finding]:
+    """Checks on the rendered service: what would actually be sent."""
+    findings: list[Finding] = []
+    template = service.template
+    container = template.containers[0]
+    args = list(container.args)
+    if container.image.startswith(MODEL_GARDEN_REPO) and args[:2] != ["vllm", "serve"]:
+        findings.append(
+            _error(
+                "args",
+                f"{MODEL_GARDEN_VLLM_IMAGE.split(':')[0]} execs its args: they must begin 'vllm serve', or the "
+                "container dies with 'serve: command not found'",
+                2,
+            )
+        )
+    if any(a == "--model" or a.startswith("--model=") for a in args):
+        findings.append(_error("args", "vllm serve takes the model positionally, not --model=; drop --model", 5))
+    port = _arg_value(args, "--port")
+    container_port = container.ports[0].container_port if container.ports else 8080
+    if port is not None and port != str(container_port):
+        findings.append(
+            _error(
+                "container_port",
+                f"vLLM listens on {port} but Cloud Run routes to {container_port}; the startup probe never passes. "
+                "Keep --port equal to container_port",
+                4,
+            )
+        )
+    probe = container.startup_probe
+    window = probe.initial_delay_seconds + probe.period_seconds * probe.failure_threshold
+    if not profile.vllm.enforce_eager and window < 360:
+        findings.append(
+            _error(
+                "vllm.enforce_eager",
+                f"without --enforce-eager the first boot compiles for over 5 minutes but the probe allows {window} s; "
+                "turn enforce_eager on, or lengthen the probe window to at least 6 minutes",
+                3,
+            )
+        )
+    limit = GPU_PROBE_LIMIT_S if profile.gpu_type else CPU_PROBE_LIMIT_S
+    if probe.period_seconds * probe.failure_threshold > limit:
+        findings.append(
+            _error(
+                "startup probe",
+                f"failureThreshold x periodSeconds = {probe.period_seconds * probe.failure_threshold} s is above "
+                f"Cloud Run's {limit} s; raise load_rate_mb_s or use a bigger profile",
+            )
+        )
+    for mount in container.volume_mounts:
+        if any(mount.mount_path == r or mount.mount_path.startswith(r + "/") for r in DISALLOWED_MOUNT_ROOTS):
+            findings.append(
+                _error("mount_path", f"Cloud Run refuses mounts under /dev, /proc, /sys ({mount.mount_path})", 9)
+            )
+    if template.scaling.max_instance_count > profile.gpu_quota and profile.gpu_type:
+        findings.append(_error("max_instances", "the rendered max instances exceed the GPU quota", 6))
+    model = args[2] if args[:2] == ["vllm", "serve"] and len(args) > 2 else (args[0] if args else "")
+    env = {e.name: e.value for e in container.env}
+    if model and not model.startswith(("/", "gs://")) and "MODEL_PATH" not in env:
+        findings.append(
+            _error("args", f"model '{model}' is a Hub id: the container would download it at boot; stage it", 11)
+        )
+    if env.get("HF_HUB_OFFLINE") != "1":
+        findings.append(_warning("env", "HF_HUB_OFFLINE is not 1: a missing file would be fetched from the Hub", 11))
+    return findings
+
+
+def kv_bytes_per_token(config: dict, kv_cache_dtype: str, dtype: str) -> int | None:
+    """Key and value bytes per token across layers, from the model's config.json."""
+    try:
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads", heads))
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    element = KV_DTYPE_BYTES.get(kv_cache_dtype) or DTYPE_BYTES.get(dtype, 2)
+    return 2 * layers * kv_heads * head_dim * element
+
+
+def check_model(profile: ServingProfile, facts: ModelFacts) -> list[Finding]:
+    """Checks that need the model's size and config."""
+    findings: list[Finding] = []
+    opts = profile.vllm
+    weights = facts.weights_bytes
+    if opts.dtype in ("float32", "float") and not opts.quantization:
+        weights *= 2  # a 16-bit checkpoint loaded in fp32 doubles
+    gib = 2**30
+    cache = _arg_value(opts.extra_args, "--download-dir") or profile.env.get("HF_HOME")
+    if (
+        cache
+        and cache.startswith(MEMORY_BACKED)
+        and facts.weights_bytes / gib + RUNTIME_MEMORY_GIB > profile.memory_gib
+    ):
+        findings.append(
+            _error(
+                "memory_gib",
+                f"copying {facts.weights_bytes / gib:.1f} GiB of weights to {cache} (memory-backed) plus "
+                f"~{RUNTIME_MEMORY_GIB} GiB of runtime exceeds {profile.memory_gib} GiB; load from the volume instead "
+                "or use a bigger profile",
+                13,
+            )
+        )
+    if profile.gpu_type is None:
+        return findings
+    gpu_bytes = GPUS[profile.gpu_type].memory_gb * 1e9 * opts.gpu_memory_utilization
+    if weights > gpu_bytes:
+        findings.append(
+            _error(
+                "gpu_type",
+                f"the weights need {weights / 1e9:.1f} GB at dtype {opts.dtype} but {profile.gpu_type} offers "
+                f"{gpu_bytes / 1e9:.1f} GB at gpu_memory_utilization {opts.gpu_memory_utilization}; choose a quantized "
+                "model or a bigger GPU",
+            )
+        )
+        return findings
+    per_token = kv_bytes_per_token(facts.config or {}, opts.kv_cache_dtype, opts.dtype) if facts.config else None
+    if per_token is None or opts.max_model_len is None:
+        return findings
+    budget = gpu_bytes - weights
+    one = opts.max_model_len * per_token
+    if one > budget:
+        findings.append(
+            _error(
+                "vllm.max_model_len",
+                f"one {opts.max_model_len}-token sequence needs {one / 1e9:.2f} GB of KV cache, {budget / 1e9:.2f} GB "
+                "is left after the weights; lower max_model_len or use kv_cache_dtype fp8",
+                20,
+            )
+        )
+    elif one * opts.max_num_seqs > budget:
+        findings.append(
+            _warning(
+                "vllm.max_num_seqs",
+                f"{opts.max_num_seqs} sequences of {opts.max_model_len} tokens need "
+                f"{one * opts.max_num_seqs / 1e9:.1f} GB of KV cache, {budget / 1e9:.1f} GB is left: vLLM will run "
+                "fewer at once; lower max_num_seqs or max_model_len",
+                20,
+            )
+        )
+    return findings
+
+
+def raise_on_errors(findings: list[Finding]) -> list[Finding]:
+    """The findings, if none is an error; PreflightError otherwise."""
+    if any(f.severity == "error" for f in findings):
+        raise PreflightError(findings)
+    return findings

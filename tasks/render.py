@@ -1,0 +1,369 @@
+"""Pure renderers: the vLLM argv, the startup probe and the Cloud Run v2 Service, plus their forms for humans.
+
+Everything here is a function of its arguments (profile, target, staged weights, image); deploying is
+tasks/cloudrun.py. The field lessons are defaults here: `vllm serve` first for the Model Garden launcher (2),
+`--enforce-eager` (3), the port Cloud Run routes to (4), the model positional (5), max instances within the
+GPU quota (6), the CPU-mode environment (9), an httpGet /health probe sized from the weights (12), zonal
+redundancy off (13), weights from a Cloud Storage volume or gs:// with Direct VPC egress (15), concurrency of
+twice max_num_seqs (20), a private service (21). Nothing downloads at boot: HF_HUB_OFFLINE=1 (11).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Literal
+
+import yaml
+from google.cloud import run_v2
+from google.protobuf import duration_pb2
+
+from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
+from blocks.profile import ServingProfile
+from blocks.source import ModelSource
+from blocks.target import GcpTarget
+
+PROBE_INITIAL_DELAY_S = 5
+PROBE_PERIOD_S = 2
+PROBE_TIMEOUT_S = 2
+PROBE_MIN_THRESHOLD = 120  # seed 001: 2 s x 120 is four minutes of patience
+ENGINE_START_S = 60  # engine init, KV profiling and API start on top of reading the weights
+COMPILE_S = 330  # torch.compile + CUDA graph capture without --enforce-eager (lesson 3: "over 5 minutes")
+GPU_PROBE_LIMIT_S, CPU_PROBE_LIMIT_S = 1800, 600
+MODEL_GARDEN_REPO = MODEL_GARDEN_VLLM_IMAGE.rsplit(":", 1)[0]
+VOLUME = "model-weights"
+CONTAINER = "vllm"
+EntrypointStyle = Literal["exec-args", "vllm-serve", "env-wrapper"]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where the staged commit is and how big it is (from the staging result)."""
+
+    repo_id: str
+    commit: str
+    bucket: str
+    object_prefix: str  # {model_prefix}/{repo_id}/{commit}
+    total_bytes: int
+
+    @property
+    def gs_uri(self) -> str:
+        return f"gs://{self.bucket}/{self.object_prefix}"
+
+
+def entrypoint_style(image: str, profile: ServingProfile) -> EntrypointStyle:
+    """How the image turns container args into a server (seed 000: the Model Garden launcher execs them)."""
+    if image.startswith(MODEL_GARDEN_REPO):
+        return "exec-args"
+    if profile.build is not None and profile.build.recipe == "serve-wrapper":
+        return "env-wrapper"
+    return "vllm-serve"  # vllm/vllm-openai and images built from vLLM's Dockerfiles: ENTRYPOINT vllm serve
+
+
+def model_location(profile: ServingProfile, target: GcpTarget, weights: Weights) -> str:
+    """The model argument: the commit folder under the volume mount, or its gs:// URI for the streamer."""
+    if profile.load_mode == "runai-streamer":
+        return weights.gs_uri
+    inside_mount = weights.object_prefix.removeprefix(f"{target.model_prefix}/")
+    return f"{profile.mount_path}/{inside_mount}"
+
+
+def _flag(name: str, value: object) -> list[str]:
+    return [] if value is None else [f"--{name}", str(value)]
+
+
+def vllm_flags(profile: ServingProfile, served_name: str) -> list[str]:
+    """`vllm serve` options from the profile (everything but the model and the entrypoint words)."""
+    opts = profile.vllm
+    flags = [
+        *_flag("served-model-name", served_name),
+        *_flag("host", "0.0.0.0"),
+        *_flag("port", profile.container_port),
+        *_flag("max-model-len", opts.max_model_len),
+        *_flag("max-num-seqs", opts.max_num_seqs),
+        *_flag("dtype", opts.dtype),
+        *_flag("quantization", opts.quantization),
+        *_flag("kv-cache-dtype", opts.kv_cache_dtype if opts.kv_cache_dtype != "auto" else None),
+        *_flag("generation-config", opts.generation_config),
+        *_flag("tool-call-parser", opts.tool_call_parser),
+        *_flag("reasoning-parser", opts.reasoning_parser),
+    ]
+    if profile.gpu_type is not None:
+        flags += _flag("gpu-memory-utilization", opts.gpu_memory_utilization)
+    if profile.load_mode == "runai-streamer":
+        flags += _flag("load-format", "runai_streamer")
+    if opts.enforce_eager:
+        flags.append("--enforce-eager")
+    flags.append("--enable-prefix-caching" if opts.enable_prefix_caching else "--no-enable-prefix-caching")
+    flags.append("--enable-chunked-prefill" if opts.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if opts.enable_auto_tool_choice:
+        flags.append("--enable-auto-tool-choice")
+    return [*flags, *opts.extra_args]
+
+
+def container_args(profile: ServingProfile, image: str, model: str, served_name: str) -> list[str]:
+    style = entrypoint_style(image, profile)
+    flags = vllm_flags(profile, served_name)
+    if style == "exec-args":
+        return ["vllm", "serve", model, *flags]
+    if style == "env-wrapper":
+        # The wrapper passes MODEL_PATH, the name and the port itself; only the remaining flags go as args.
+        return _drop_flags(flags, {"--served-model-name", "--host", "--port"})
+    return [model, *flags]
+
+
+def _drop_flags(flags: list[str], names: set[str]) -> list[str]:
+    out, skip = [], False
+    for arg in flags:
+        if skip:
+            skip = False
+            continue
+        if arg in names:
+            skip = True
+            continue
+        out.append(arg)
+    return out
+
+
+def probe_failure_threshold(profile: ServingProfile, weights_bytes: int) -> int:
+    """Misses the startup probe allows: enough for loading the weights at the profile's rate, twice over."""
+    load_s = weights_bytes / (profile.load_rate_mb_s * 1e6)
+    expected = ENGINE_START_S + load_s + (0 if profile.vllm.enforce_eager else COMPILE_S)
+    window = max(2 * expected, PROBE_MIN_THRESHOLD * PROBE_PERIOD_S)
+    limit = GPU_PROBE_LIMIT_S if profile.gpu_type else CPU_PROBE_LIMIT_S
+    return min(math.ceil(window / PROBE_PERIOD_S), limit // PROBE_PERIOD_S)
+
+
+def startup_probe(profile: ServingProfile, weights_bytes: int) -> run_v2.Probe:
+    return run_v2.Probe(
+        http_get=run_v2.HTTPGetAction(path="/health", port=profile.container_port),
+        initial_delay_seconds=PROBE_INITIAL_DELAY_S,
+        period_seconds=PROBE_PERIOD_S,
+        timeout_seconds=PROBE_TIMEOUT_S,
+        failure_threshold=probe_failure_threshold(profile, weights_bytes),
+    )
+
+
+def label_value(text: str) -> str:
+    """A GCP label value: lowercase letters, digits, '_' and '-', at most 63 characters."""
+    return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:63]
+
+
+def service_labels(target: GcpTarget, weights: Weights) -> dict[str, str]:
+    return {**target.labels, "hf-model": label_value(weights.repo_id), "hf-commit": weights.commit[:12]}
+
+
+def revision_name(service_id: str, weights: Weights, image: str, profile: ServingProfile) -> str:
+    """A readable, deterministic revision name: same inputs, same name (so a rerun finds the revision)."""
+    fingerprint = json.dumps([image, profile.model_dump(mode="json")], sort_keys=True)
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:6]
+    return f"{service_id}-{weights.commit[:7]}-{digest}"[:63].rstrip("-")
+
+
+def render_service(
+    profile: ServingProfile,
+    target: GcpTarget,
+    source: ModelSource,
+    weights: Weights,
+    image: str,
+    revision: str = "",
+    traffic: list[run_v2.TrafficTarget] | None = None,
+) -> run_v2.Service:
+    """The Cloud Run v2 Service for one model on one profile."""
+    model = model_location(profile, target, weights)
+    env = {"HF_HUB_OFFLINE": "1", **profile.env}
+    if entrypoint_style(image, profile) == "env-wrapper":
+        env.update({"MODEL_PATH": model, "SERVED_MODEL_NAME": source.served_model_name})
+    limits = {"cpu": str(profile.cpu), "memory": f"{profile.memory_gib}Gi"}
+    if profile.gpu_type:
+        limits["nvidia.com/gpu"] = "1"
+    container = run_v2.Container(
+        name=CONTAINER,
+        image=image,
+        args=container_args(profile, image, model, source.served_model_name),
+        env=[run_v2.EnvVar(name=k, value=v) for k, v in sorted(env.items())],
+        resources=run_v2.ResourceRequirements(
+            limits=limits, cpu_idle=not profile.cpu_always_allocated, startup_cpu_boost=profile.startup_cpu_boost
+        ),
+        ports=[run_v2.ContainerPort(name="http1", container_port=profile.container_port)],
+        startup_probe=startup_probe(profile, weights.total_bytes),
+    )
+    template = run_v2.RevisionTemplate(
+        revision=revision,
+        labels=service_labels(target, weights),
+        containers=[container],
+        scaling=run_v2.RevisionScaling(
+            min_instance_count=profile.min_instances, max_instance_count=profile.max_instances
+        ),
+        max_instance_request_concurrency=profile.effective_concurrency,
+        timeout=duration_pb2.Duration(seconds=profile.request_timeout_seconds),
+        service_account=target.service_account_email,
+        execution_environment=run_v2.ExecutionEnvironment[
+            f"EXECUTION_ENVIRONMENT_{profile.execution_environment.upper()}"
+        ],
+        vpc_access=run_v2.VpcAccess(
+            network_interfaces=[run_v2.VpcAccess.NetworkInterface(network=target.network, subnetwork=target.subnet)],
+            egress=run_v2.VpcAccess.VpcEgress.ALL_TRAFFIC,
+        ),
+    )
+    if profile.load_mode == "gcs-volume":
+        template.volumes = [
+            run_v2.Volume(
+                name=VOLUME,
+                gcs=run_v2.GCSVolumeSource(
+                    bucket=target.bucket_name,
+                    read_only=True,
+                    # only-dir hides everything but the staged models; buffered reads speed up big sequential reads.
+                    mount_options=[f"only-dir={target.model_prefix}", "enable-buffered-read=true"],
+                ),
+            )
+        ]
+        # proto-plus copied the container into the template: mount through the template's own copy.
+        template.containers[0].volume_mounts = [run_v2.VolumeMount(name=VOLUME, mount_path=profile.mount_path)]
+    if profile.gpu_type:
+        template.node_selector = run_v2.NodeSelector(accelerator=profile.gpu_type)
+        template.gpu_zonal_redundancy_disabled = not profile.gpu_zonal_redundancy
+    return run_v2.Service(
+        labels=service_labels(target, weights),
+        ingress=run_v2.IngressTraffic.INGRESS_TRAFFIC_ALL,  # reachable, but private: callers need run.invoker
+        invoker_iam_disabled=False,
+        template=template,
+        traffic=traffic or [],
+    )
+
+
+def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) -> str:
+    """The equivalent `gcloud run deploy`, for people who want to see or replay what the pipeline does."""
+    template = service.template
+    container = template.containers[0]
+    limits = dict(container.resources.limits)
+    probe = container.startup_probe
+    parts = [
+        "gcloud", "run", "deploy", service_id,
+        f"--project={target.project}", f"--region={target.region}",
+        f"--image={container.image}",
+        f"--cpu={limits['cpu']}", f"--memory={limits['memory']}",
+        f"--concurrency={template.max_instance_request_concurrency}",
+        f"--min-instances={template.scaling.min_instance_count}",
+        f"--max-instances={template.scaling.max_instance_count}",
+        f"--timeout={template.timeout.total_seconds():.0f}",
+        f"--port={container.ports[0].container_port}",
+        f"--service-account={template.service_account}",
+        "--no-cpu-throttling" if not container.resources.cpu_idle else "--cpu-throttling",
+        f"--execution-environment={template.execution_environment.name.rsplit('_', 1)[-1].lower()}",
+        "--no-allow-unauthenticated",
+        f"--network={template.vpc_access.network_interfaces[0].network}",
+        f"--subnet={template.vpc_access.network_interfaces[0].subnetwork}",
+        "--vpc-egress=all-traffic",
+        f"--startup-probe=httpGet.path={probe.http_get.path},httpGet.port={probe.http_get.port},"
+        f"initialDelaySeconds={probe.initial_delay_seconds},periodSeconds={probe.period_seconds},"
+        f"timeoutSeconds={probe.timeout_seconds},failureThreshold={probe.failure_threshold}",
+    ]  # fmt: skip
+    if "nvidia.com/gpu" in limits:
+        parts += ["--gpu=1", f"--gpu-type={template.node_selector.accelerator}"]
+        parts.append(
+            "--no-gpu-zonal-redundancy" if template.gpu_zonal_redundancy_disabled else "--gpu-zonal-redundancy"
+        )
+    for volume in template.volumes:
+        mount = next(m for m in container.volume_mounts if m.name == volume.name)
+        parts.append(
+            f"--add-volume=name={volume.name},type=cloud-storage,bucket={volume.gcs.bucket},readonly=true,"
+            f"mount-options={';'.join(volume.gcs.mount_options)}"
+        )
+        parts.append(f"--add-volume-mount=volume={volume.name},mount-path={mount.mount_path}")
+    plain = {e.name: e.value for e in container.env if not e.value_source}
+    secrets = {e.name: _secret_reference(e) for e in container.env if e.value_source}
+    if plain:
+        parts.append("--set-env-vars=" + ",".join(f"{k}={v}" for k, v in plain.items()))
+    if secrets:
+        parts.append("--set-secrets=" + ",".join(f"{k}={v}" for k, v in secrets.items()))  # references, never values
+    labels = ",".join(f"{k}={v}" for k, v in sorted(template.labels.items()))
+    parts += [f"--labels={labels}", "--args=" + ",".join(container.args)]
+    return " \\\n  ".join(shlex.quote(p) for p in parts)
+
+
+def _secret_reference(var: run_v2.EnvVar) -> str:
+    ref = var.value_source.secret_key_ref
+    return f"{ref.secret}:{ref.version or 'latest'}"
+
+
+def _knative_env(var: run_v2.EnvVar) -> dict:
+    if not var.value_source:
+        return {"name": var.name, "value": var.value}
+    ref = var.value_source.secret_key_ref
+    return {"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.version or "latest"}}}
+
+
+def _knative_volume(volume: run_v2.Volume) -> dict:
+    attributes = {"bucketName": volume.gcs.bucket, "mountOptions": ",".join(volume.gcs.mount_options)}
+    csi = {"driver": "gcsfuse.run.googleapis.com", "readOnly": True, "volumeAttributes": attributes}
+    return {"name": volume.name, "csi": csi}
+
+
+def service_yaml(service_id: str, target: GcpTarget, service: run_v2.Service) -> str:
+    """The service as Knative YAML for `gcloud run services replace` (secrets appear as references only)."""
+    template = service.template
+    container = template.containers[0]
+    annotations = {
+        "autoscaling.knative.dev/minScale": str(template.scaling.min_instance_count),
+        "autoscaling.knative.dev/maxScale": str(template.scaling.max_instance_count),
+        "run.googleapis.com/cpu-throttling": str(bool(container.resources.cpu_idle)).lower(),
+        "run.googleapis.com/startup-cpu-boost": str(bool(container.resources.startup_cpu_boost)).lower(),
+        "run.googleapis.com/execution-environment": template.execution_environment.name.rsplit("_", 1)[-1].lower(),
+        "run.googleapis.com/network-interfaces": json.dumps(
+            [{"network": i.network, "subnetwork": i.subnetwork} for i in template.vpc_access.network_interfaces]
+        ),
+        "run.googleapis.com/vpc-access-egress": "all-traffic",
+    }
+    if template.node_selector.accelerator:
+        annotations["run.googleapis.com/gpu-zonal-redundancy-disabled"] = str(
+            bool(template.gpu_zonal_redundancy_disabled)
+        ).lower()
+    probe = container.startup_probe
+    spec_container = {
+        "name": container.name,
+        "image": container.image,
+        "args": list(container.args),
+        "ports": [{"name": "http1", "containerPort": container.ports[0].container_port}],
+        "env": [_knative_env(e) for e in container.env],
+        "resources": {"limits": dict(container.resources.limits)},
+        "startupProbe": {
+            "httpGet": {"path": probe.http_get.path, "port": probe.http_get.port},
+            "initialDelaySeconds": probe.initial_delay_seconds,
+            "periodSeconds": probe.period_seconds,
+            "timeoutSeconds": probe.timeout_seconds,
+            "failureThreshold": probe.failure_threshold,
+        },
+        "volumeMounts": [{"name": m.name, "mountPath": m.mount_path} for m in container.volume_mounts],
+    }
+    spec: dict = {
+        "containerConcurrency": template.max_instance_request_concurrency,
+        "timeoutSeconds": int(template.timeout.total_seconds()),
+        "serviceAccountName": template.service_account,
+        "containers": [spec_container],
+        "volumes": [_knative_volume(v) for v in template.volumes],
+    }
+    if template.node_selector.accelerator:
+        spec["nodeSelector"] = {"run.googleapis.com/accelerator": template.node_selector.accelerator}
+    document = {
+        "apiVersion": "serving.knative.dev/v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_id,
+            "labels": {**dict(service.labels), "cloud.googleapis.com/location": target.region},
+            "annotations": {"run.googleapis.com/ingress": "all"},
+        },
+        "spec": {
+            "template": {
+                "metadata": {"labels": dict(template.labels), "annotations": annotations},
+                "spec": spec,
+            }
+        },
+    }
+    if template.revision:
+        document["spec"]["template"]["metadata"]["name"] = template.revision
+    return yaml.safe_dump(document, sort_keys=False)
