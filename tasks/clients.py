@@ -143,9 +143,7 @@ class LoggingRest:
 
 def logging_api(target: GcpTarget) -> LoggingRest:
     """Cloud Logging API v2 (revision logs): an authorized session and the target's endpoint."""
-    return LoggingRest(
-        AuthorizedSession(credentials(target)), target.endpoint("logging") or LOGGING_DEFAULT_ENDPOINT
-    )
+    return LoggingRest(AuthorizedSession(credentials(target)), target.endpoint("logging") or LOGGING_DEFAULT_ENDPOINT)
 
 
 def operation_polling(target: GcpTarget):

@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute, Route
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument
 from sandbox.control.logging import filters
-from sandbox.control.logging.entries import LogStore, all_lines, entry_json, field_value, instance_id_for
+from sandbox.control.logging.entries import LogStore, RevisionLog, all_lines, entry_json, field_value, instance_id_for
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
@@ -109,7 +109,7 @@ class Logging:
                 )
         return sorted(set(names))
 
-    def _refresh(self):
+    def _refresh(self) -> list[RevisionLog]:
         """Bring the store up to date with the Cloud Run stand-in's log files and what it knows of them."""
         run = self.ctx.module("run")
         if run is None:
@@ -156,5 +156,7 @@ def _decode_token(token: str, query: str) -> tuple[int, int] | None:
     except (ValueError, KeyError, TypeError):
         raise invalid_argument("Invalid page token.") from None
     if not same_query:
-        raise invalid_argument("The page token does not match the request: resourceNames, filter and orderBy must not change.")
+        raise invalid_argument(
+            "The page token does not match the request: resourceNames, filter and orderBy must not change."
+        )
     return cursor
