@@ -193,3 +193,12 @@ def test_load_test_figures_and_the_slo_gate(env, service_id):
     with pytest.raises(PromotionFailed, match=r"throughput .* tokens/s is below the SLO"):
         roll_out(env["target"], service_id, other, "rollout/model", strict)
     assert serving(env, service_id) == [(first.revision, 100, "")]
+
+
+def test_weights_streamed_from_gs_with_the_runai_streamer(env, service_id):
+    result = promote(env, env["old"], service_id, ServingProfile.preset("l4", load_mode="runai-streamer"))
+    assert result.verification is not None and result.verification.served_models == ["rollout/model"]
+    revision = clients.run_revisions(env["target"]).get_revision(
+        name=f"{service_path(env['target'], service_id)}/revisions/{result.revision}"
+    )
+    assert list(revision.volumes) == [] and list(revision.containers[0].args)[2].startswith("gs://rollout-weights/")
