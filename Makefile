@@ -4,8 +4,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
+# The demo's run history lives in the repo folder, so `make ui` shows it.
+DEMO_PREFECT = PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
 
-.PHONY: demo test lint sandbox clean
+.PHONY: demo test lint sandbox ui clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +16,10 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/python -m sandbox demo
+	$(DEMO_PREFECT) $(BIN)/python -m sandbox demo
+
+ui: $(BIN)/.installed
+	$(DEMO_PREFECT) $(BIN)/prefect server start
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
@@ -26,4 +31,4 @@ sandbox: $(BIN)/.installed
 	$(BIN)/python -m sandbox up --state-dir .sandbox/dev
 
 clean:
-	rm -rf $(VENV) .sandbox .pytest_cache .ruff_cache
+	rm -rf $(VENV) .sandbox .prefect .pytest_cache .ruff_cache

@@ -214,4 +214,5 @@ def hub_token(source: ModelSource, secret_block: str | None = None) -> SecretStr
 
 
 def hub(source: ModelSource, token: SecretStr | None) -> HubAccess:
-    return HubAccess(endpoint=source.hub_endpoint or HUB_DEFAULT_ENDPOINT, token=token)
+    """The source's Hub endpoint, else HF_ENDPOINT (huggingface_hub's own setting), else huggingface.co."""
+    return HubAccess(endpoint=source.hub_endpoint or os.environ.get("HF_ENDPOINT") or HUB_DEFAULT_ENDPOINT, token=token)

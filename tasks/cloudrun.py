@@ -12,6 +12,7 @@ import re
 from google.api_core import exceptions as gexc
 from google.cloud import run_v2
 from google.protobuf import field_mask_pb2
+from prefect import task
 from pydantic import BaseModel, Field, SecretStr
 
 from blocks.target import GcpTarget
@@ -258,3 +259,43 @@ def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None)
             to_revision = _short(older[0].name)
         _set_traffic(target, service_id, _pinned([(to_revision, 100)]))
     return Rollback(service=current.name, from_revision=now, to_revision=to_revision)
+
+
+class Scaling(BaseModel):
+    service: str
+    min_instances: int
+    max_instances: int | None
+    changed: bool
+
+
+def scale_service(target: GcpTarget, service_id: str, min_instances: int, max_instances: int | None = None) -> Scaling:
+    """Service-level min (and max) instances; traffic and revisions stay as they are (lesson 16)."""
+    services = clients.run_services(target)
+    name = service_path(target, service_id)
+    with gcp_errors("run", "roles/run.developer", f"scaling {service_id}", target.project):
+        current = services.get_service(name=name, retry=GCP_RETRY)
+        wanted_max = current.scaling.max_instance_count if max_instances is None else max_instances
+        if current.scaling.min_instance_count == min_instances and current.scaling.max_instance_count == wanted_max:
+            return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=False)
+        scaling = run_v2.ServiceScaling(min_instance_count=min_instances, max_instance_count=wanted_max)
+        services.update_service(
+            service=run_v2.Service(name=name, scaling=scaling),
+            update_mask=field_mask_pb2.FieldMask(paths=["scaling"]),
+            retry=GCP_RETRY,
+        ).result(polling=clients.operation_polling(target))
+    return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=True)
+
+
+def verify_candidate(
+    target: GcpTarget, candidate: Candidate, served_name: str, options: VerifyOptions | None = None
+) -> Verification:
+    """Verify at the candidate's URL; the identity token is minted here, never passed around."""
+    return verify(candidate.url, clients.identity_token(target, candidate.url), served_name, options)
+
+
+run_deploy_candidate = task(name="run_deploy_candidate")(deploy_candidate)
+run_verify_candidate = task(name="run_verify_candidate")(verify_candidate)
+run_promote_candidate = task(name="run_promote_candidate")(promote_candidate)
+run_abandon_candidate = task(name="run_abandon_candidate")(abandon_candidate)
+run_rollback = task(name="run_rollback")(rollback)
+run_scale_service = task(name="run_scale_service")(scale_service)

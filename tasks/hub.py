@@ -15,6 +15,7 @@ import hashlib
 import io
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,6 +52,24 @@ class HubRetryPolicy(BaseModel):
     jitter: float = Field(0.1, ge=0, le=1, description="Random extra wait, as a share of each wait.")
     backoff_initial_s: float = Field(1, gt=0, description="First wait after a 5xx or a dropped connection.")
     backoff_max_s: float = Field(30, gt=0, description="Longest wait after a 5xx or a dropped connection.")
+
+
+class RetryStats:
+    """Waits taken by the retry policy during one stage, for the promotion report (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.rate_limited = 0
+        self.other = 0
+        self.waited_s = 0.0
+
+    def record(self, rate_limited: bool, seconds: float) -> None:
+        with self._lock:
+            if rate_limited:
+                self.rate_limited += 1
+            else:
+                self.other += 1
+            self.waited_s += seconds
 
 
 class HubError(RuntimeError):
@@ -175,11 +194,19 @@ def _describe(exc: BaseException) -> str:
     return f"the Hub answered HTTP {found[0]}"
 
 
-def hub_retrying(policy: HubRetryPolicy, what: str, log: logging.Logger | logging.LoggerAdapter) -> tenacity.Retrying:
-    """A tenacity policy for one Hub call (``what`` names it in the log)."""
+def hub_retrying(
+    policy: HubRetryPolicy,
+    what: str,
+    log: logging.Logger | logging.LoggerAdapter,
+    stats: RetryStats | None = None,
+) -> tenacity.Retrying:
+    """A tenacity policy for one Hub call (``what`` names it in the log; ``stats`` counts the waits)."""
 
     def before_sleep(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
+        if stats is not None:
+            found = _status_and_headers(exc) if exc else None
+            stats.record(bool(found and found[0] == 429), state.upcoming_sleep or 0.0)
         log.warning(
             "%s, waiting %.0f s, attempt %d of %d (%s)",
             _describe(exc) if exc else "Hub call failed",
@@ -198,10 +225,17 @@ def hub_retrying(policy: HubRetryPolicy, what: str, log: logging.Logger | loggin
     )
 
 
-def call_hub(fn: Callable[[], T], what: str, policy: HubRetryPolicy, repo_id: str, endpoint: str) -> T:
+def call_hub(
+    fn: Callable[[], T],
+    what: str,
+    policy: HubRetryPolicy,
+    repo_id: str,
+    endpoint: str,
+    stats: RetryStats | None = None,
+) -> T:
     """Run one Hub call under the retry policy, translating final failures into messages that say what to do."""
     try:
-        return hub_retrying(policy, what, run_logger())(fn)
+        return hub_retrying(policy, what, run_logger(), stats)(fn)
     except Exception as exc:
         raise translate_hub_error(exc, what, repo_id, endpoint) from None
 
@@ -248,7 +282,9 @@ def gated_error(repo_id: str, endpoint: str) -> HubAccessDenied:
     )
 
 
-def resolve_model(access: HubAccess, source: ModelSource, policy: HubRetryPolicy) -> ResolvedModel:
+def resolve_model(
+    access: HubAccess, source: ModelSource, policy: HubRetryPolicy, stats: RetryStats | None = None
+) -> ResolvedModel:
     """The commit ``source.revision`` points at, with every file's size, git blob id and LFS sha256."""
     api = access.api()
     info = call_hub(
@@ -257,6 +293,7 @@ def resolve_model(access: HubAccess, source: ModelSource, policy: HubRetryPolicy
         policy,
         source.repo_id,
         access.endpoint,
+        stats,
     )
     files = []
     for sibling in info.siblings or []:
@@ -316,8 +353,10 @@ class HubFileStream(io.RawIOBase):
         commit: str,
         item: HubFile,
         policy: HubRetryPolicy,
+        stats: RetryStats | None = None,
     ) -> None:
         super().__init__()
+        self.stats = stats
         self.client = client
         self.access = access
         self.repo_id = repo_id
@@ -363,7 +402,7 @@ class HubFileStream(io.RawIOBase):
     def _next_piece(self) -> bytes:
         what = f"downloading {self.repo_id}/{self.item.path}"
         try:
-            piece = hub_retrying(self.policy, what, run_logger())(self._pull)
+            piece = hub_retrying(self.policy, what, run_logger(), self.stats)(self._pull)
         except Exception as exc:
             self._drop_connection()
             raise translate_hub_error(exc, what, self.repo_id, self.access.endpoint) from None

@@ -41,7 +41,7 @@ def prebuilt_findings(profile: ServingProfile) -> list[str]:
     if GENERIC_VLLM_IMAGE.match(image) and profile.gpu_type == "nvidia-l4" and not profile.allow_generic_vllm_image:
         findings.append(
             f"image: {image} is built for a newer CUDA than the L4's driver (535 / CUDA 12.2) and fails with "
-            f'"The NVIDIA driver on your system is too old" (lesson 1); use {MODEL_GARDEN_VLLM_IMAGE}, or set '
+            f'"The NVIDIA driver on your system is too old"; use {MODEL_GARDEN_VLLM_IMAGE}, or set '
             "allow_generic_vllm_image if you know the tag runs on CUDA 12.2"
         )
     if "@sha256:" not in image and (":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")):

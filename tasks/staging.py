@@ -32,6 +32,7 @@ from tasks.hub import (
     HubFileStream,
     HubRetryPolicy,
     ResolvedModel,
+    RetryStats,
     resolve_model,
 )
 from tasks.logs import run_logger
@@ -97,6 +98,9 @@ class StagingResult(BaseModel):
     seconds: float
     mb_per_s: float
     noop: bool = Field(description="The manifest was already complete: nothing was read from the Hub.")
+    rate_limit_waits: int = Field(0, description="Waits the Hub asked for with 429.")
+    other_retries: int = Field(0, description="Retries after 5xx or dropped connections.")
+    seconds_waited: float = Field(0.0, description="Time spent waiting between Hub retries.")
 
 
 def commit_prefix(target: GcpTarget, repo_id: str, commit: str) -> str:
@@ -165,7 +169,9 @@ class _Uploader:
         resolved: ResolvedModel,
         options: StagingOptions,
         progress: ByteProgress,
+        stats: RetryStats,
     ) -> None:
+        self.stats = stats
         self.bucket = bucket
         self.prefix = prefix
         self.access = access
@@ -179,7 +185,7 @@ class _Uploader:
 
     def upload(self, item: HubFile) -> StagedFile:
         hub_stream = HubFileStream(
-            self.http, self.access, self.resolved.repo_id, self.resolved.commit, item, self.options.retry
+            self.http, self.access, self.resolved.repo_id, self.resolved.commit, item, self.options.retry, self.stats
         )
         counted = _CountingStream(hub_stream, self.progress)
         chunk = self.options.chunk_mib * 1024 * 1024
@@ -248,7 +254,8 @@ def stage_model(
     started = time.monotonic()
     log = run_logger()
     access = clients.hub(source, token)
-    resolved = resolve_model(access, source, options.retry)
+    stats = RetryStats()
+    resolved = resolve_model(access, source, options.retry, stats)
     selected = select_files(resolved.files, source.allow_patterns, source.ignore_patterns, source.repo_id)
     total = sum(f.size for f in selected)
     storage = clients.storage(target)
@@ -258,7 +265,7 @@ def stage_model(
     manifest = read_manifest(storage.bucket(target.bucket_name), prefix)
     if manifest is not None and manifest.covers(selected):
         log.info("%s@%s is already staged at %s (manifest complete)", source.repo_id, resolved.commit[:12], uri)
-        return _result(source, resolved, uri, prefix, [], selected, total, started, noop=True)
+        return _result(source, resolved, uri, prefix, [], selected, total, started, stats, noop=True)
 
     bucket = check_bucket(storage, target)
     existing = {b.name: b for b in storage.list_blobs(bucket, prefix=f"{prefix}/")}
@@ -275,7 +282,7 @@ def stage_model(
         len(skipped),
     )
     progress = ByteProgress(total, sum(f.size for f in skipped), f"staging-{source.repo_id}", f"staging {uri}")
-    staged = _upload_all(bucket, prefix, access, resolved, options, progress, todo)
+    staged = _upload_all(bucket, prefix, access, resolved, options, progress, stats, todo)
     recorded = {f.path: f for f in staged}
     for item in skipped:
         blob = existing[f"{prefix}/{item.path}"]
@@ -294,7 +301,7 @@ def stage_model(
         json.dumps(manifest.model_dump(), indent=1), content_type="application/json"
     )
     progress.report()
-    return _result(source, resolved, uri, prefix, todo, skipped, total, started, noop=False)
+    return _result(source, resolved, uri, prefix, todo, skipped, total, started, stats, noop=False)
 
 
 def _upload_all(
@@ -304,9 +311,10 @@ def _upload_all(
     resolved: ResolvedModel,
     options: StagingOptions,
     progress: ByteProgress,
+    stats: RetryStats,
     todo: list[HubFile],
 ) -> list[StagedFile]:
-    uploader = _Uploader(bucket, prefix, access, resolved, options, progress)
+    uploader = _Uploader(bucket, prefix, access, resolved, options, progress, stats)
     try:
         with ThreadPoolExecutor(options.parallel_files, thread_name_prefix="stage") as pool:
             # Largest first: the long transfers start early and the small ones fill the gaps.
@@ -337,6 +345,7 @@ def _result(
     skipped: list[HubFile],
     total: int,
     started: float,
+    stats: RetryStats,
     noop: bool,
 ) -> StagingResult:
     seconds = time.monotonic() - started
@@ -354,6 +363,9 @@ def _result(
         seconds=round(seconds, 3),
         mb_per_s=round(sent / seconds / 1e6, 1) if seconds > 0 else 0.0,
         noop=noop,
+        rate_limit_waits=stats.rate_limited,
+        other_retries=stats.other,
+        seconds_waited=round(stats.waited_s, 2),
     )
 
 

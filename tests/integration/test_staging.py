@@ -168,6 +168,7 @@ def test_half_of_all_hub_requests_answered_429_still_stages_every_byte(sb, targe
     assert len(waits) == fired
     assert all(" waiting 1 s, attempt " in w for w in waits)  # Retry-After: 1, plus at most 10 % jitter
     assert elapsed >= 1  # at least one Retry-After was honoured in full
+    assert result.rate_limit_waits == fired and result.seconds_waited >= fired
     stored = objects(target, result.object_prefix)
     expected = hub_files(sb, repo)
     for path, data in stored.items():

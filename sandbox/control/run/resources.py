@@ -73,7 +73,9 @@ def with_defaults(template: run_v2.RevisionTemplate) -> run_v2.RevisionTemplate:
 
 
 def template_fingerprint(template: run_v2.RevisionTemplate) -> bytes:
-    return run_v2.RevisionTemplate.serialize(template)
+    # Deterministic: map fields (resource limits, labels) would otherwise serialize in whatever order they
+    # were built in, and an unchanged template would look like a new one.
+    return run_v2.RevisionTemplate.pb(template).SerializeToString(deterministic=True)
 
 
 def new_revision_name(service_id: str, generation: int) -> str:

@@ -1,0 +1,88 @@
+"""What the flows share: loading blocks by name, model spec files, the per-service lock, events."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
+from prefect.events import emit_event
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+from blocks.profile import PRESETS, ServingProfile
+from blocks.target import GcpTarget
+
+SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_block", "hub_endpoint",
+             "allow_patterns", "ignore_patterns", "image", "load_mode", "warm_hours_per_week"}  # fmt: skip
+
+
+def load_target(name: str) -> GcpTarget:
+    """The GcpTarget block saved under ``name`` (``python -m flows.bootstrap`` creates them)."""
+    try:
+        return GcpTarget.load(name)
+    except ValueError:
+        raise ValueError(
+            f"target: no GcpTarget block named '{name}'; create it with `python -m flows.bootstrap` or in the UI"
+        ) from None
+
+
+def load_profile(name: str, image: str | None = None, load_mode: str | None = None) -> ServingProfile:
+    """A preset (l4, rtx-pro-6000, cpu) or a saved ServingProfile block, with the run's overrides."""
+    overrides: dict = {}
+    if image:
+        overrides.update({"image": image, "build": None})
+    if load_mode:
+        overrides["load_mode"] = load_mode
+    if name in PRESETS:
+        return ServingProfile.preset(name, **overrides)
+    try:
+        block = ServingProfile.load(name)
+    except ValueError:
+        raise ValueError(
+            f"profile: '{name}' is neither a preset ({', '.join(PRESETS)}) nor a saved ServingProfile block"
+        ) from None
+    return ServingProfile.model_validate({**block.model_dump(), **overrides}) if overrides else block
+
+
+def read_spec(path: str | None) -> dict:
+    """A model's deployment file from deployments/ (model, revision, profile, target, service, ...)."""
+    if not path:
+        return {}
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    unknown = sorted(set(data) - SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; allowed: {sorted(SPEC_KEYS)}")
+    return data
+
+
+def service_resource(target: GcpTarget, service_id: str) -> dict[str, str]:
+    return {
+        "prefect.resource.id": f"gcp.cloudrun.service.{target.project}.{target.region}.{service_id}",
+        "prefect.resource.name": service_id,
+        "gcp.project": target.project,
+        "gcp.region": target.region,
+    }
+
+
+def emit(event: str, target: GcpTarget, service_id: str, payload: dict) -> None:
+    """An event about the service, so Prefect automations can notify on promotions and scaling."""
+    emit_event(event=event, resource=service_resource(target, service_id), payload=payload)
+
+
+@contextmanager
+def service_lock(target: GcpTarget, service_id: str, timeout_s: float = 3600) -> Iterator[None]:
+    """Two runs that change one service never interleave; runs for other services are not held up."""
+    name = f"cloudrun-service:{target.project}:{target.region}:{service_id}"
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):  # another run created it first: fine
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True):
+        yield

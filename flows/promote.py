@@ -1,0 +1,247 @@
+"""promote-model: a Hugging Face model to a verified vLLM revision on Cloud Run, or a report saying why not.
+
+preflight -> resolve -> ensure infra -> stage weights -> image -> render -> deploy candidate -> verify ->
+promote -> report. Traffic moves only after the candidate has answered a real chat completion at its own
+URL; on any failure it stays where it was, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from prefect import flow, task
+from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+from blocks.images import ImageBuild
+from blocks.profile import ServingProfile
+from blocks.source import ModelSource
+from blocks.target import GcpTarget
+from flows.common import emit, load_profile, load_target, read_spec, service_lock
+from tasks import access, clients, infra
+from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
+from tasks.cloudrun import (
+    CANDIDATE_TAG,
+    run_abandon_candidate,
+    run_deploy_candidate,
+    run_promote_candidate,
+    run_verify_candidate,
+    service_id_for,
+    service_path,
+)
+from tasks.cost import estimate
+from tasks.hub import HubFileStream, resolve_model
+from tasks.images import build_plan, content_tag, render_build, render_build_yaml
+from tasks.logs import run_logger
+from tasks.preflight import ModelFacts, check_model, check_profile, check_service, raise_on_errors
+from tasks.probe import VerifyOptions
+from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
+from tasks.report import PromotionReport
+from tasks.selection import select_files
+from tasks.staging import StagingOptions, commit_prefix, hf_stage_model
+
+SAFETENSORS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+@task(name="hf_resolve_model")
+def hf_resolve_model(
+    source: ModelSource, token_secret_block: str | None, options: StagingOptions
+) -> tuple[str, int, dict | None]:
+    """Resolve the revision to a commit; the selected weights' size and the model's config.json."""
+    access_ = clients.hub(source, clients.hub_token(source, token_secret_block))
+    resolved = resolve_model(access_, source, options.retry)
+    selected = select_files(resolved.files, source.allow_patterns, source.ignore_patterns, source.repo_id)
+    weights = sum(f.size for f in selected if f.path.endswith(SAFETENSORS))
+    config_file = next((f for f in selected if f.path == "config.json"), None)
+    config = None
+    if config_file is not None:
+        with httpx.Client(timeout=60) as http:
+            stream = HubFileStream(http, access_, source.repo_id, resolved.commit, config_file, options.retry)
+            config = json.loads(stream.read())
+    return resolved.commit, weights, config
+
+
+@task(name="ensure_infrastructure")
+def ensure_infrastructure(target: GcpTarget, profile: ServingProfile) -> list[str]:
+    """Bucket, registry (when building), network and subnet, service account and its read access to the bucket."""
+    steps = [infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet, infra.ensure_service_account]
+    if profile.build is not None:
+        steps.insert(1, infra.ensure_artifact_registry)
+    results = [step(target) for step in steps]
+    results.append(access.grant_bucket_object_viewer(target))
+    return [f"{r.kind} {r.name}: {r.action}" + (f" ({'; '.join(r.changes)})" if r.changes else "") for r in results]
+
+
+def _dry_run_plan(
+    report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource, service_id: str,
+    weights: Weights,
+) -> str:  # fmt: skip
+    """The plan as markdown: what would be deployed, the gcloud equivalent, and the Cloud Build YAML."""
+    build_yaml = None
+    if profile.build is not None:
+        build: ImageBuild = profile.build
+        tag = content_tag(build, source_digest(build))
+        plan = build_plan(target, build, tag)
+        image = plan.tagged
+        build_yaml = render_build_yaml(render_build(target, build, plan, build.ladder[0]))
+    else:
+        image = profile.image or ""
+    spec = render_service(profile, target, source, weights, image, revision_name(service_id, weights, image, profile))
+    report.findings += check_service(profile, spec)
+    parts = [
+        report.markdown(),
+        "## gcloud equivalent\n",
+        f"```bash\n{gcloud_command(service_id, target, spec)}\n```\n",
+        "## Service YAML (gcloud run services replace)\n",
+        f"```yaml\n{service_yaml(service_id, target, spec)}```\n",
+    ]
+    if build_yaml:
+        parts += ["## Cloud Build config (gcloud builds submit --config)\n", f"```yaml\n{build_yaml}```\n"]
+    return "\n".join(parts)
+
+
+@flow(name="promote-model", log_prints=True)
+def promote_model(
+    model: str | None = None,
+    revision: str | None = None,
+    profile: str | None = None,
+    target: str | None = None,
+    service: str | None = None,
+    image: str | None = None,
+    load_mode: str | None = None,
+    token_secret_block: str | None = None,
+    hub_endpoint: str | None = None,
+    allow_patterns: list[str] | None = None,
+    ignore_patterns: list[str] | None = None,
+    verify: VerifyOptions | None = None,
+    dry_run: bool = False,
+    warm_hours_per_week: float | None = None,
+    spec_file: str | None = None,
+) -> PromotionReport:
+    """Promote a Hugging Face model to a healthy vLLM revision on Cloud Run GPUs.
+
+    Stages the weights in the target's bucket, ensures the infrastructure, pins or builds the image, deploys a
+    `candidate` revision with no traffic, verifies it (health, models, a chat completion), then moves all
+    traffic to it. On failure traffic stays where it was. `dry_run` stops after preflight and rendering and
+    shows the plan, the gcloud equivalent and the Cloud Build YAML. `spec_file` (a file in deployments/)
+    supplies any parameter not given; without either, revision is main, profile l4, target sandbox.
+    """
+    spec = read_spec(spec_file)
+    model = model or spec.get("model")
+    if not model:
+        raise ValueError("model: give a Hub repo id (e.g. google/gemma-4-E2B-it) or a spec_file with one")
+    gcp = load_target(target or spec.get("target", "sandbox"))
+    serving = load_profile(profile or spec.get("profile", "l4"), image or spec.get("image"),
+                           load_mode or spec.get("load_mode"))  # fmt: skip
+    source = ModelSource(
+        repo_id=model,
+        revision=revision or spec.get("revision", "main"),
+        allow_patterns=allow_patterns or spec.get("allow_patterns"),
+        ignore_patterns=ignore_patterns or spec.get("ignore_patterns"),
+        token_secret_block=token_secret_block or spec.get("token_secret_block"),
+        hub_endpoint=hub_endpoint or spec.get("hub_endpoint"),
+    )
+    service_id = service or spec.get("service") or service_id_for(model)
+    report = PromotionReport(
+        model=model, revision=source.revision, service=service_id, project=gcp.project, region=gcp.region,
+        cost=estimate(serving, float(warm_hours_per_week or spec.get("warm_hours_per_week", 55))),
+    )  # fmt: skip
+    try:
+        _promote(report, gcp, serving, source, service_id, verify, dry_run)
+    except Exception as exc:
+        report.outcome = "failed"
+        report.reason = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+        _where_traffic_stands(report, gcp, service_id)
+        _publish(report, gcp, service_id)
+        raise
+    _publish(report, gcp, service_id)
+    return report
+
+
+def _promote(
+    report: PromotionReport,
+    target: GcpTarget,
+    profile: ServingProfile,
+    source: ModelSource,
+    service_id: str,
+    verify: VerifyOptions | None,
+    dry_run: bool,
+) -> None:
+    log = run_logger()
+    options = StagingOptions()
+    with report.step("preflight"):
+        report.findings = raise_on_errors(check_profile(profile, target, service_id))
+    with report.step("resolve"):
+        commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, options)
+        report.commit = commit
+        report.findings += raise_on_errors(check_model(profile, ModelFacts(weights_bytes, config)))
+    if dry_run:
+        weights = Weights(source.repo_id, commit, target.bucket_name, commit_prefix(target, source.repo_id, commit),
+                          weights_bytes)  # fmt: skip
+        report.outcome = "dry-run"
+        plan = _dry_run_plan(report, target, profile, source, service_id, weights)
+        create_markdown_artifact(plan, key=f"plan-{service_id}", description=f"dry run of {source.repo_id}")
+        print(plan)
+        return
+    with service_lock(target, service_id):
+        with report.step("infrastructure"):
+            for line in ensure_infrastructure(target, profile):
+                log.info(line)
+        with report.step("stage"):
+            staged = hf_stage_model(target, source, source.token_secret_block, options)
+            report.staging = staged
+        with report.step("image"):
+            report.image = resolve_image(target, profile, attempt=cloudbuild_run_build)
+        weights = Weights(staged.repo_id, staged.commit, target.bucket_name, staged.object_prefix, staged.total_bytes)
+        image = report.image.image
+        with report.step("render"):
+            spec = render_service(
+                profile, target, source, weights, image, revision_name(service_id, weights, image, profile)
+            )
+            report.findings += raise_on_errors(check_service(profile, spec))
+        with report.step("deploy candidate"):
+            candidate = run_deploy_candidate(target, service_id, spec)
+            report.candidate_url = candidate.url if not candidate.unchanged else None
+            report.service_url = candidate.service_url
+            report.previous_revision = candidate.previous_revision
+        if candidate.unchanged:
+            report.outcome = "unchanged"
+            report.serving_revision = candidate.revision
+        else:
+            with report.step("verify"):
+                try:
+                    report.verification = run_verify_candidate(target, candidate, source.served_model_name, verify)
+                except Exception:
+                    run_abandon_candidate(target, service_id, candidate)
+                    raise
+            with report.step("promote"):
+                run_promote_candidate(target, service_id, candidate)
+                report.outcome = "promoted"
+                report.serving_revision = candidate.revision
+        with report.step("invokers"):
+            access.ensure_service_invokers(target, service_id)
+        _where_traffic_stands(report, target, service_id)
+
+
+def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
+    try:
+        service = clients.run_services(target).get_service(name=service_path(target, service_id))
+    except Exception:
+        return  # no service (yet): the report says "no traffic"
+    report.service_url = service.uri
+    report.traffic = [(s.revision, s.percent) for s in service.traffic_statuses if s.percent and s.tag != CANDIDATE_TAG]
+
+
+def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
+    """The report and a link as artifacts, and an event automations can act on."""
+    create_markdown_artifact(
+        report.markdown(), key=f"promotion-{service_id}", description=f"promotion of {report.model}"
+    )
+    if report.service_url:
+        create_link_artifact(report.service_url, link_text=f"{service_id} service URL", key=f"service-{service_id}")
+    event = "model.promotion_failed" if report.outcome == "failed" else "model.promoted"
+    if report.outcome != "dry-run":
+        emit(event, target, service_id, {
+            "model": report.model, "commit": report.commit, "outcome": report.outcome, "reason": report.reason,
+            "revision": report.serving_revision, "traffic": report.traffic,
+        })  # fmt: skip

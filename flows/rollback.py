@@ -1,0 +1,22 @@
+"""rollback-model: all traffic back to the previous ready revision, or to a named one."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.common import emit, load_target, service_lock
+from tasks.cloudrun import Rollback, run_rollback
+
+
+@flow(name="rollback-model", log_prints=True)
+def rollback_model(service: str, to_revision: str | None = None, target: str = "sandbox") -> Rollback:
+    """Move 100 % of the service's traffic to ``to_revision`` or the newest ready revision before the current one.
+
+    Staged weights stay in the bucket per commit, so the older revision serves its own weights again.
+    """
+    gcp = load_target(target)
+    with service_lock(gcp, service):
+        result = run_rollback(gcp, service, to_revision)
+    emit("model.rolled_back", gcp, service, {"from": result.from_revision, "to": result.to_revision})
+    print(f"{service}: traffic moved from {result.from_revision} to {result.to_revision}")
+    return result

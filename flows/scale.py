@@ -1,0 +1,27 @@
+"""scale-service: set a service's min (and max) instances, e.g. 1 in business hours and 0 at night (lesson 16)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.common import emit, load_target, service_lock
+from tasks.cloudrun import Scaling, run_scale_service
+
+
+@flow(name="scale-service", log_prints=True)
+def scale_service(
+    service: str, min_instances: int, max_instances: int | None = None, target: str = "sandbox"
+) -> Scaling:
+    """Set min (0 = scale to zero) and optionally max instances; traffic and revisions are left alone.
+
+    A no-op when the service is already there. The schedules in prefect.yaml run it to warm the service for
+    business hours and let it scale to zero outside them.
+    """
+    gcp = load_target(target)
+    with service_lock(gcp, service):
+        result = run_scale_service(gcp, service, min_instances, max_instances)
+    if result.changed:
+        emit("service.scaled", gcp, service, {"min_instances": min_instances, "max_instances": result.max_instances})
+    change = "changed" if result.changed else "no change"
+    print(f"{service}: min {min_instances}, max {result.max_instances or '-'} ({change})")
+    return result
