@@ -80,7 +80,12 @@ def _dry_run_plan(
     build_yaml = None
     if profile.build is not None:
         build: ImageBuild = profile.build
-        tag = content_tag(build, source_digest(build))
+        # A git source is not resolved in a dry run (no network calls): the tag is shown as a placeholder.
+        tag = (
+            content_tag(build, source_digest(build))
+            if build.source_dir or build.recipe == "serve-wrapper"
+            else "CONTENT-TAG"
+        )
         plan = build_plan(target, build, tag)
         image = plan.tagged
         build_yaml = render_build_yaml(render_build(target, build, plan, build.ladder[0]))

@@ -283,7 +283,8 @@ def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) 
         parts.append("--set-secrets=" + ",".join(f"{k}={v}" for k, v in secrets.items()))  # references, never values
     labels = ",".join(f"{k}={v}" for k, v in sorted(template.labels.items()))
     parts += [f"--labels={labels}", "--args=" + ",".join(container.args)]
-    return " \\\n  ".join(shlex.quote(p) for p in parts)
+    head, flags = " ".join(shlex.quote(p) for p in parts[:4]), parts[4:]
+    return " \\\n  ".join([head, *(shlex.quote(flag) for flag in flags)])
 
 
 def _secret_reference(var: run_v2.EnvVar) -> str:

@@ -1,0 +1,25 @@
+"""End-to-end fixtures: flows against the sandbox under the session's Prefect harness."""
+
+from __future__ import annotations
+
+import pytest
+from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a pytest fixture)
+
+
+@pytest.fixture(scope="session")
+def flow_env(sandbox, prefect_api):
+    """Blocks for the sandbox saved, and the Hub stand-in as HF_ENDPOINT, as `python -m flows.bootstrap` does."""
+    import os
+    from pathlib import Path
+
+    from flows.bootstrap import bootstrap_sandbox, register_block_types
+
+    register_block_types()
+    target = bootstrap_sandbox(Path(sandbox.info["state_dir"]))
+    previous = os.environ.get("HF_ENDPOINT")
+    os.environ["HF_ENDPOINT"] = sandbox.hub_url
+    yield target
+    if previous is None:
+        os.environ.pop("HF_ENDPOINT", None)
+    else:
+        os.environ["HF_ENDPOINT"] = previous

@@ -1,0 +1,106 @@
+"""The deployment path users take: a Prefect server, `prefect deploy --all`, `prefect deployment run`, a worker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+from sandbox.serving import free_port
+from tasks import clients
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).parent / "prefect")
+
+
+@pytest.fixture(scope="module")
+def server(sandbox, tmp_path_factory) -> Iterator[dict[str, str]]:
+    """A real `prefect server start` with its own database, and the environment a worker would have."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "HF_ENDPOINT": sandbox.hub_url,
+    }
+    log = (home / "server.log").open("wb")
+    process = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                               env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            pytest.fail(f"prefect server did not start; see {home / 'server.log'}")
+        for command in (
+            [sys.executable, "-m", "flows.bootstrap", "sandbox", sandbox.info["state_dir"]],
+            [PREFECT, "work-pool", "create", "local-process", "--type", "process"],
+            [PREFECT, "--no-prompt", "deploy", "--all"],
+        ):
+            subprocess.run(command, env=env, cwd=ROOT, check=True, capture_output=True)
+        yield env
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def run_deployment(env: dict[str, str], name: str, *params: str) -> None:
+    args = [PREFECT, "deployment", "run", name]
+    for param in params:
+        args += ["-p", param]
+    subprocess.run(args, env=env, cwd=ROOT, check=True, capture_output=True)
+    worker = subprocess.run([PREFECT, "worker", "start", "--pool", "local-process", "--run-once"],
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
+
+
+def client(env: dict[str, str]) -> SyncPrefectClient:
+    return SyncPrefectClient(api=env["PREFECT_API_URL"])
+
+
+def test_promote_model_runs_from_its_deployment_and_reports(server):
+    run_deployment(server, "promote-model/tiny-chat", 'verify={"health_period_s": 0.1}')
+    with client(server) as api:
+        deployment = api.read_deployment_by_name("promote-model/tiny-chat")
+        runs = [r for r in api.read_flow_runs() if r.deployment_id == deployment.id]
+        assert [r.state_name for r in runs] == ["Completed"]
+        report = api.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["promotion-tiny-chat"])))
+    assert report and "tiny-chat: promoted" in report[0].data and "| verify |" in report[0].data
+
+
+def test_schedules_are_stored_with_cron_time_zone_and_parameters(server):
+    with client(server) as api:
+        deployment = api.read_deployment_by_name("scale-service/tiny-chat-hours")
+    schedules = {s.slug: s for s in deployment.schedules}
+    assert set(schedules) == {"tiny-chat-scale-up", "tiny-chat-scale-down-evening", "tiny-chat-scale-down-weekend"}
+    up = schedules["tiny-chat-scale-up"]
+    assert (up.schedule.cron, up.schedule.timezone, up.parameters) == (
+        "0 8 * * 1-5",
+        "Europe/Berlin",
+        {"min_instances": 1},
+    )
+    assert schedules["tiny-chat-scale-down-evening"].parameters == {"min_instances": 0}
+
+
+def test_the_scale_deployment_changes_min_instances(server, sandbox_target):
+    run_deployment(server, "promote-model/tiny-chat", 'verify={"health_period_s": 0.1}')
+    run_deployment(server, "scale-service/tiny-chat-hours", "min_instances=1")
+    service = clients.run_services(sandbox_target).get_service(
+        name=f"{sandbox_target.location_path}/services/tiny-chat"
+    )
+    assert service.scaling.min_instance_count == 1

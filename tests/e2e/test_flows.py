@@ -1,0 +1,134 @@
+"""The flows as users run them, in-process under a Prefect harness, against the sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+import pytest
+from google.cloud import run_v2
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.client.schemas.sorting import ArtifactSort
+
+from flows.promote import promote_model
+from flows.rollback import rollback_model
+from flows.scale import scale_service
+from flows.teardown import teardown
+from tasks import clients
+from tasks.probe import VerifyOptions
+
+pytestmark = pytest.mark.prefect
+FAST = VerifyOptions(health_period_s=0.05)
+_ids = itertools.count()
+WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+@pytest.fixture
+def service() -> str:
+    return f"e2e-{next(_ids)}"
+
+
+def promote(service: str, **kwargs):
+    params = {"model": "sandbox/tiny-chat", "service": service, "token_secret_block": "sandbox-hf-token",
+              "verify": FAST, **kwargs}  # fmt: skip
+    return promote_model(**params)
+
+
+def artifact(key: str) -> str:
+    async def read():
+        async with get_client() as client:
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC
+            )
+        return found[0].data if found else ""
+
+    return asyncio.run(read())
+
+
+def run_service(target, service: str) -> run_v2.Service:
+    return clients.run_services(target).get_service(name=f"{target.location_path}/services/{service}")
+
+
+def test_promotion_writes_a_report_with_the_figures_and_an_event(flow_env, service, asserting_events_worker):
+    report = promote(service)
+    assert report.outcome == "promoted"
+    text = artifact(f"promotion-{service}")
+    for expected in ("promoted", report.commit, "uploaded", "pytorch-vllm-serve", "healthy after", "/month",
+                     "| stage |", "| verify |", report.serving_revision):  # fmt: skip
+        assert expected in text
+    assert artifact(f"service-{service}")  # the link artifact
+    asserting_events_worker.drain()
+    events = [e for e in asserting_events_worker._client.events if e.event.startswith("model.")]
+    assert [(e.event, e.resource.name) for e in events] == [("model.promoted", service)]
+    assert events[0].payload["revision"] == report.serving_revision
+
+
+def test_a_failed_promotion_reports_why_and_where_traffic_stands(sb, flow_env, service, asserting_events_worker):
+    first = promote(service)
+    sb.run("POST", "/faults", json={"service": service, "faults": {"completions_status": 500}})
+    with pytest.raises(Exception, match="chat completion answered HTTP 500"):
+        promote(service, revision="dev")
+    text = artifact(f"promotion-{service}")
+    assert "NOT promoted" in text and "HTTP 500" in text
+    assert f"{first.serving_revision} 100 %" in text
+    asserting_events_worker.drain()
+    names = [e.event for e in asserting_events_worker._client.events if e.event.startswith("model.")]
+    assert names[-1] == "model.promotion_failed"
+
+
+def test_dry_run_renders_the_plan_and_writes_nothing(sb, flow_env, service):
+    since = sb.last_request_seq()
+    report = promote(service, dry_run=True, profile="cpu")
+    assert report.outcome == "dry-run"
+    writes = [f"{r['server']} {r['method']} {r['path']}" for r in sb.requests(since=since)
+              if r["method"] in WRITES and r["server"] in ("control", "gcs")]  # fmt: skip
+    assert writes == []
+    plan = artifact(f"plan-{service}")
+    assert "gcloud run deploy" in plan and "serving.knative.dev/v1" in plan
+    assert "DOCKER_BUILDKIT=1" in plan and "docker/Dockerfile.cpu" in plan  # the cpu profile builds its image
+
+
+def test_scale_sets_min_instances_and_is_a_no_op_when_already_there(flow_env, service, asserting_events_worker):
+    promote(service)
+    revision = run_service(flow_env, service).latest_ready_revision
+    assert scale_service(service=service, min_instances=1).changed
+    scaled = run_service(flow_env, service)
+    assert scaled.scaling.min_instance_count == 1
+    assert scaled.latest_ready_revision == revision  # no new revision, traffic untouched
+    assert not scale_service(service=service, min_instances=1).changed
+    assert scale_service(service=service, min_instances=0).changed
+    asserting_events_worker.drain()
+    scaled_events = [e for e in asserting_events_worker._client.events if e.event == "service.scaled"]
+    assert [e.payload["min_instances"] for e in scaled_events] == [1, 0]
+
+
+def test_rollback_and_teardown(flow_env, service):
+    first = promote(service)
+    second = promote(service, revision="dev")
+    assert second.serving_revision != first.serving_revision
+    back = rollback_model(service=service)
+    assert (back.from_revision, back.to_revision) == (second.serving_revision, first.serving_revision)
+    results = teardown(service=service)
+    assert [(r.kind, r.action) for r in results] == [("service", "deleted")]
+    assert [(r.kind, r.action) for r in teardown(service=service)] == [("service", "absent")]
+
+
+def test_two_promotions_of_one_service_never_interleave(flow_env, service):
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, revision: str) -> None:
+        outcomes[name] = promote(service, revision=revision)
+
+    threads = [threading.Thread(target=run, args=(n, r)) for n, r in (("a", "main"), ("b", "dev"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Both completed, and the one that got the lock second found the first one's revision serving: had they
+    # interleaved, each would have seen the old traffic and one promotion would have been lost.
+    assert {r.outcome for r in outcomes.values()} == {"promoted"}
+    previous = {r.previous_revision for r in outcomes.values()}
+    serving = {r.serving_revision for r in outcomes.values()}
+    assert len(previous & serving) == 1
