@@ -83,6 +83,11 @@ class VllmOptions(BaseModel):
     @classmethod
     def _extra_args(cls, value: list[str]) -> list[str]:
         for arg in value:
+            if arg.startswith("--") and " " in arg.split("=", 1)[0]:
+                raise ValueError(
+                    f"vllm.extra_args: '{arg}' holds a flag and its value in one item; vLLM would reject it as one "
+                    f"unknown argument. Split it: {arg.split()!r}"
+                )
             flag = arg.split("=", 1)[0]
             if flag in MANAGED_FLAGS:
                 raise ValueError(

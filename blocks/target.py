@@ -242,6 +242,8 @@ class GcpTarget(Block):
 
 
 def check_bucket_name(value: str, field: str) -> None:
+    if value.startswith("gs://"):
+        raise ValueError(f"{field} '{value}': give the bucket name without gs://, e.g. '{value[5:].strip('/')}'")
     if not BUCKET.match(value) or ".." in value or value.startswith("goog") or "google" in value:
         raise ValueError(
             f"{field} '{value}' is not a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', "

@@ -13,6 +13,7 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.events import emit_event
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from pydantic import ValidationError
 
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
@@ -21,11 +22,23 @@ SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_
              "allow_patterns", "ignore_patterns", "image", "load_mode", "warm_hours_per_week"}  # fmt: skip
 
 
+def _invalid_block(kind: str, field: str, name: str, exc: Exception) -> ValueError | None:
+    """A saved block whose values its own checks refuse: say which field and what to set, not `validate=False`."""
+    cause = exc.__cause__
+    if isinstance(cause, ValidationError):
+        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in cause.errors(include_input=False))
+        return ValueError(f"{field}: the saved {kind} block '{name}' is not valid: {problems}. Fix it in the UI")
+    return None
+
+
 def load_target(name: str) -> GcpTarget:
     """The GcpTarget block saved under ``name`` (``python -m flows.bootstrap`` creates them)."""
     try:
         return GcpTarget.load(name)
-    except ValueError:
+    except (ValueError, RuntimeError) as exc:
+        invalid = _invalid_block("GcpTarget", "target", name, exc)
+        if invalid is not None:
+            raise invalid from None
         raise ValueError(
             f"target: no GcpTarget block named '{name}'; create it with `python -m flows.bootstrap` or in the UI"
         ) from None
@@ -42,7 +55,10 @@ def load_profile(name: str, image: str | None = None, load_mode: str | None = No
         return ServingProfile.preset(name, **overrides)
     try:
         block = ServingProfile.load(name)
-    except ValueError:
+    except (ValueError, RuntimeError) as exc:
+        invalid = _invalid_block("ServingProfile", "profile", name, exc)
+        if invalid is not None:
+            raise invalid from None
         raise ValueError(
             f"profile: '{name}' is neither a preset ({', '.join(PRESETS)}) nor a saved ServingProfile block"
         ) from None
@@ -53,7 +69,13 @@ def read_spec(path: str | None) -> dict:
     """A model's deployment file from deployments/ (model, revision, profile, target, service, ...)."""
     if not path:
         return {}
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ValueError(
+            f"spec_file: {path} does not exist; give the path of a model file in deployments/, relative to the "
+            "project folder (e.g. deployments/tiny-chat.yaml)"
+        ) from None
     unknown = sorted(set(data) - SPEC_KEYS)
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; allowed: {sorted(SPEC_KEYS)}")

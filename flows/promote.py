@@ -12,6 +12,7 @@ import json
 import httpx
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from pydantic import ValidationError
 
 from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
@@ -35,6 +36,7 @@ from tasks.images import build_plan, content_tag, render_build, render_build_yam
 from tasks.logs import run_logger
 from tasks.preflight import ModelFacts, check_model, check_profile, check_service, raise_on_errors
 from tasks.probe import VerifyOptions
+from tasks.progress import artifact_key
 from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
 from tasks.report import PromotionReport
 from tasks.selection import select_files
@@ -138,7 +140,10 @@ def promote_model(
     gcp = load_target(target or spec.get("target", "sandbox"))
     serving = load_profile(profile or spec.get("profile", "l4"), image or spec.get("image"),
                            load_mode or spec.get("load_mode"))  # fmt: skip
-    source = ModelSource(
+    warm_hours = float(warm_hours_per_week or spec.get("warm_hours_per_week", 55))
+    if not 0 <= warm_hours <= 168:
+        raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")
+    source = _model_source(
         repo_id=model,
         revision=revision or spec.get("revision", "main"),
         allow_patterns=allow_patterns or spec.get("allow_patterns"),
@@ -149,7 +154,7 @@ def promote_model(
     service_id = service or spec.get("service") or service_id_for(model)
     report = PromotionReport(
         model=model, revision=source.revision, service=service_id, project=gcp.project, region=gcp.region,
-        cost=estimate(serving, float(warm_hours_per_week or spec.get("warm_hours_per_week", 55))),
+        cost=estimate(serving, warm_hours),
     )  # fmt: skip
     try:
         _promote(report, gcp, serving, source, service_id, verify, dry_run)
@@ -161,6 +166,15 @@ def promote_model(
         raise
     _publish(report, gcp, service_id)
     return report
+
+
+def _model_source(**values) -> ModelSource:
+    """The ModelSource, with errors that name the field but never echo the value (it may be a pasted token)."""
+    try:
+        return ModelSource(**values)
+    except ValidationError as exc:
+        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors(include_input=False))
+        raise ValueError(problems) from None
 
 
 def _promote(
@@ -185,7 +199,9 @@ def _promote(
                           weights_bytes)  # fmt: skip
         report.outcome = "dry-run"
         plan = _dry_run_plan(report, target, profile, source, service_id, weights)
-        create_markdown_artifact(plan, key=f"plan-{service_id}", description=f"dry run of {source.repo_id}")
+        create_markdown_artifact(
+            plan, key=artifact_key(f"plan-{service_id}"), description=f"dry run of {source.repo_id}"
+        )
         print(plan)
         return
     with service_lock(target, service_id):
@@ -240,10 +256,12 @@ def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id
 def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
     """The report and a link as artifacts, and an event automations can act on."""
     create_markdown_artifact(
-        report.markdown(), key=f"promotion-{service_id}", description=f"promotion of {report.model}"
+        report.markdown(), key=artifact_key(f"promotion-{service_id}"), description=f"promotion of {report.model}"
     )
     if report.service_url:
-        create_link_artifact(report.service_url, link_text=f"{service_id} service URL", key=f"service-{service_id}")
+        create_link_artifact(
+            report.service_url, link_text=f"{service_id} service URL", key=artifact_key(f"service-{service_id}")
+        )
     event = "model.promotion_failed" if report.outcome == "failed" else "model.promoted"
     if report.outcome != "dry-run":
         emit(event, target, service_id, {

@@ -207,7 +207,13 @@ def hub_token(source: ModelSource, secret_block: str | None = None) -> SecretStr
     if name:
         from prefect.blocks.system import Secret
 
-        value = Secret.load(name).get()
+        try:
+            value = Secret.load(name).get()
+        except ValueError:
+            raise ValueError(
+                f"token_secret_block: no Prefect Secret block named '{name}'; create it with `prefect block create "
+                "secret` (value: your Hub token), or leave token_secret_block empty to use HF_TOKEN"
+            ) from None
         return SecretStr(str(value))
     env = os.environ.get("HF_TOKEN")
     return SecretStr(env) if env else None

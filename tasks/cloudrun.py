@@ -270,10 +270,21 @@ class Scaling(BaseModel):
 
 def scale_service(target: GcpTarget, service_id: str, min_instances: int, max_instances: int | None = None) -> Scaling:
     """Service-level min (and max) instances; traffic and revisions stay as they are (lesson 16)."""
+    if min_instances < 0 or (max_instances is not None and (max_instances < 1 or min_instances > max_instances)):
+        raise ValueError(
+            f"min_instances ({min_instances}) / max_instances ({max_instances}): min must be 0 or more (0 = scale to "
+            "zero), max 1 or more, and min at most max"
+        )
     services = clients.run_services(target)
     name = service_path(target, service_id)
     with gcp_errors("run", "roles/run.developer", f"scaling {service_id}", target.project):
-        current = services.get_service(name=name, retry=GCP_RETRY)
+        try:
+            current = services.get_service(name=name, retry=GCP_RETRY)
+        except gexc.NotFound:
+            raise InfraError(
+                f"service: no Cloud Run service '{service_id}' in {target.project}/{target.region}; check the name, "
+                "or run promote-model first to create it"
+            ) from None
         wanted_max = current.scaling.max_instance_count if max_instances is None else max_instances
         if current.scaling.min_instance_count == min_instances and current.scaling.max_instance_count == wanted_max:
             return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=False)

@@ -7,6 +7,7 @@ are known (`ModelFacts`), still before anything is staged or deployed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,10 +17,20 @@ from pydantic import BaseModel
 from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
 from blocks.profile import CPU_MODE_ENV, DISALLOWED_MOUNT_ROOTS, ServingProfile
 from blocks.target import GcpTarget
-from tasks.images import prebuilt_findings
-from tasks.render import CPU_PROBE_LIMIT_S, GPU_PROBE_LIMIT_S, MODEL_GARDEN_REPO
+from tasks.images import check_local_source, prebuilt_findings
+from tasks.render import (
+    COMPILE_S,
+    CPU_PROBE_LIMIT_S,
+    ENGINE_START_S,
+    GPU_PROBE_LIMIT_S,
+    MODEL_GARDEN_REPO,
+    PROBE_INITIAL_DELAY_S,
+    PROBE_PERIOD_S,
+    probe_failure_threshold,
+)
 
 CANDIDATE_TAG = "candidate"
+SERVICE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 RUNTIME_MEMORY_GIB = 4  # Python, CUDA context and the server, besides the weights, when they sit in RAM
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2}
 KV_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -123,6 +134,14 @@ def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -
                 20,
             )
         )
+    if not SERVICE_ID.match(service_id):
+        findings.append(
+            _error(
+                "service",
+                f"'{service_id}' is not a Cloud Run service name: use lowercase letters, digits and hyphens, starting "
+                "with a letter and not ending with a hyphen (e.g. the default derived from the model)",
+            )
+        )
     if len(service_id) + len(CANDIDATE_TAG) > 46:
         findings.append(
             _error(
@@ -131,6 +150,11 @@ def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -
                 f"characters); use at most {46 - len(CANDIDATE_TAG)} characters",
             )
         )
+    if profile.build is not None:
+        try:
+            check_local_source(profile.build)
+        except ValueError as exc:
+            findings.append(_error("build", str(exc)))
     cache = _arg_value(profile.vllm.extra_args, "--download-dir") or profile.env.get("HF_HOME")
     if cache and cache.startswith(MEMORY_BACKED):
         findings.append(
@@ -244,6 +268,20 @@ def check_model(profile: ServingProfile, facts: ModelFacts) -> list[Finding]:
                 f"~{RUNTIME_MEMORY_GIB} GiB of runtime exceeds {profile.memory_gib} GiB; load from the volume instead "
                 "or use a bigger profile",
                 13,
+            )
+        )
+    threshold = probe_failure_threshold(profile, facts.weights_bytes)
+    window = PROBE_INITIAL_DELAY_S + PROBE_PERIOD_S * threshold
+    expected = ENGINE_START_S + facts.weights_bytes / (profile.load_rate_mb_s * 1e6)
+    expected += 0 if opts.enforce_eager else COMPILE_S
+    if expected > window:
+        findings.append(
+            _warning(
+                "load_rate_mb_s",
+                f"loading is expected to take ~{expected:.0f} s at {profile.load_rate_mb_s} MB/s, but Cloud Run's "
+                f"startup probe allows at most {window} s: raise load_rate_mb_s if the storage is faster (runai "
+                "streamer, Direct VPC egress), or serve a smaller or quantized model",
+                12,
             )
         )
     if profile.gpu_type is None:

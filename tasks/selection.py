@@ -80,8 +80,13 @@ def select_files(
         )
     weights = [f for f in chosen if f.path.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf"))]
     if weights and not any(f.path == "config.json" or f.path.endswith("/config.json") for f in chosen):
+        ignored = bool(ignore_patterns) and _matches("config.json", ignore_patterns or [])
+        fix = (
+            "remove the pattern that matches config.json from ignore_patterns"
+            if ignored
+            else "add 'config.json' to allow_patterns"
+        )
         raise SelectionError(
-            f"the selection of {repo_id} has weights but no config.json, which vLLM needs to load them; add "
-            "'config.json' to allow_patterns (or stop ignoring it)"
+            f"the selection of {repo_id} has weights but no config.json, which vLLM needs to load them; {fix}"
         )
     return chosen

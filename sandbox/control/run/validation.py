@@ -147,16 +147,14 @@ def check_service(service: run_v2.Service, service_id: str, region: str, config:
             f"spec.template.spec.timeoutSeconds: {int(template.timeout.total_seconds())} is above the maximum "
             f"of {MAX_REQUEST_TIMEOUT_S} seconds"
         )
-    scaling = template.scaling
-    if (
-        scaling.min_instance_count
-        and scaling.max_instance_count
-        and scaling.min_instance_count > scaling.max_instance_count
-    ):
-        raise invalid_argument(
-            "spec.template.metadata.annotations[autoscaling.knative.dev/minScale]: min instances "
-            f"({scaling.min_instance_count}) must not exceed max instances ({scaling.max_instance_count})"
-        )
+    for scaling in (template.scaling, service.scaling):
+        if scaling.min_instance_count < 0 or scaling.max_instance_count < 0:
+            raise invalid_argument("scaling: instance counts must not be negative")
+        if scaling.max_instance_count and scaling.min_instance_count > scaling.max_instance_count:
+            raise invalid_argument(
+                "spec.template.metadata.annotations[autoscaling.knative.dev/minScale]: min instances "
+                f"({scaling.min_instance_count}) must not exceed max instances ({scaling.max_instance_count})"
+            )
     for target in service.traffic:
         if target.tag:
             check_tag(service_id, target.tag)
