@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 
+LOCK_LEASE_S = 60  # the server accepts no shorter lease
 SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_block", "hub_endpoint",
              "allow_patterns", "ignore_patterns", "image", "load_mode", "warm_hours_per_week"}  # fmt: skip
 
@@ -106,5 +107,7 @@ def service_lock(target: GcpTarget, service_id: str, timeout_s: float = 3600) ->
         except ObjectNotFound:
             with contextlib.suppress(ObjectAlreadyExists):  # another run created it first: fine
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True):
+    # A short lease, renewed while the run lives: a run killed holding the lock frees it after about a minute,
+    # not after the default five.
+    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True, lease_duration=LOCK_LEASE_S):
         yield

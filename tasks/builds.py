@@ -26,7 +26,7 @@ from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
-from tasks.gcp import GCP_RETRY, gcp_errors
+from tasks.gcp import CREATE_RETRY, GCP_RETRY, gcp_errors, wait_for
 from tasks.images import (
     BuildPlan,
     build_plan,
@@ -163,10 +163,10 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
     request = render_build(target, build, plan, max_jobs)
     with gcp_errors("cloudbuild", "roles/cloudbuild.builds.editor", f"building {plan.tagged}", target.project):
         # parent alone selects the regional endpoint (FACTS.md); the build runs in the service's region.
-        operation = client.create_build(parent=target.location_path, build=request)
+        operation = client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
         build_id = operation.metadata.build.id
         try:
-            finished = operation.result(timeout=build.timeout_seconds + 600, polling=clients.operation_polling(target))
+            finished = wait_for(operation, clients.operation_polling(target), timeout=build.timeout_seconds + 600)
             build_id = finished.id
         except gexc.GoogleAPICallError:
             pass  # a failed build; its status is read back below, whichever way the failure arrived

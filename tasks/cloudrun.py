@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from blocks.target import GcpTarget
 from tasks import clients
-from tasks.gcp import GCP_RETRY, InfraError, gcp_errors
+from tasks.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.logs import run_logger
 from tasks.preflight import CANDIDATE_TAG
 from tasks.probe import Verification, VerificationFailed, VerifyOptions, verify
@@ -27,6 +27,7 @@ BY_REVISION = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_
 LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
 Ready = run_v2.Condition.State
 MAX_SERVICE_ID = 46 - len(CANDIDATE_TAG)
+PROMOTED_FIELDS = ["template", "traffic", "labels", "ingress", "invoker_iam_disabled"]
 
 
 class DeployFailed(RuntimeError):
@@ -89,11 +90,12 @@ def _ready(revision: run_v2.Revision) -> bool:
 def _set_traffic(target: GcpTarget, service_id: str, traffic: list[run_v2.TrafficTarget]) -> run_v2.Service:
     """Change only the traffic split (no new revision)."""
     services = clients.run_services(target)
-    return services.update_service(
+    operation = services.update_service(
         service=run_v2.Service(name=service_path(target, service_id), traffic=traffic),
         update_mask=field_mask_pb2.FieldMask(paths=["traffic"]),
         retry=GCP_RETRY,
-    ).result(polling=clients.operation_polling(target))
+    )
+    return wait_for(operation, clients.operation_polling(target))
 
 
 def _pinned(traffic: list[tuple[str, int]]) -> list[run_v2.TrafficTarget]:
@@ -103,7 +105,7 @@ def _pinned(traffic: list[tuple[str, int]]) -> list[run_v2.TrafficTarget]:
 def _failure_details(target: GcpTarget, service_id: str, revision: str, error: Exception) -> str:
     revisions = clients.run_revisions(target)
     try:
-        found = revisions.get_revision(name=f"{service_path(target, service_id)}/revisions/{revision}")
+        found = revisions.get_revision(name=f"{service_path(target, service_id)}/revisions/{revision}", retry=GCP_RETRY)
         ready = next((c for c in found.conditions if c.type_ == "Ready"), None)
         reason = ready.message if ready and ready.message else str(error)
     except gexc.NotFound:
@@ -119,7 +121,9 @@ def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tupl
     for attempt in range(1, 10):
         name = wanted if attempt == 1 else f"{wanted[:60]}-{attempt}"
         try:
-            existing = revisions.get_revision(name=f"{service_path(target, service_id)}/revisions/{name}")
+            existing = revisions.get_revision(
+                name=f"{service_path(target, service_id)}/revisions/{name}", retry=GCP_RETRY
+            )
         except gexc.NotFound:
             return name, None
         if _ready(existing):
@@ -150,9 +154,11 @@ def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -
         spec.traffic = [*_pinned(serving), run_v2.TrafficTarget(type_=BY_REVISION, revision=revision, percent=0,
                                                                 tag=CANDIDATE_TAG)]  # fmt: skip
         try:
-            updated = services.update_service(service=spec, retry=GCP_RETRY).result(
-                polling=clients.operation_polling(target)
+            # Only what the pipeline owns: service-level scaling (set by scale-service) must survive a promotion.
+            operation = services.update_service(
+                service=spec, update_mask=field_mask_pb2.FieldMask(paths=PROMOTED_FIELDS), retry=GCP_RETRY
             )
+            updated = wait_for(operation, clients.operation_polling(target))
         except gexc.GoogleAPICallError as exc:
             details = _failure_details(target, service_id, revision, exc)
             _set_traffic(target, service_id, _pinned(serving))  # drop the tag; traffic was never moved
@@ -166,9 +172,10 @@ def _first_deploy(target: GcpTarget, service_id: str, spec: run_v2.Service) -> C
     spec = run_v2.Service(spec)
     spec.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=100, tag=CANDIDATE_TAG)]
     try:
-        created = services.create_service(
+        operation = services.create_service(
             parent=target.location_path, service=spec, service_id=service_id, retry=GCP_RETRY
-        ).result(polling=clients.operation_polling(target))
+        )
+        created = wait_for(operation, clients.operation_polling(target))
     except gexc.GoogleAPICallError as exc:
         raise DeployFailed(
             _failure_details(target, service_id, spec.template.revision, exc)
@@ -289,11 +296,12 @@ def scale_service(target: GcpTarget, service_id: str, min_instances: int, max_in
         if current.scaling.min_instance_count == min_instances and current.scaling.max_instance_count == wanted_max:
             return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=False)
         scaling = run_v2.ServiceScaling(min_instance_count=min_instances, max_instance_count=wanted_max)
-        services.update_service(
+        operation = services.update_service(
             service=run_v2.Service(name=name, scaling=scaling),
             update_mask=field_mask_pb2.FieldMask(paths=["scaling"]),
             retry=GCP_RETRY,
-        ).result(polling=clients.operation_polling(target))
+        )
+        wait_for(operation, clients.operation_polling(target))
     return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=True)
 
 

@@ -86,6 +86,15 @@ def gcp_errors(api: str, role: str, what: str, project: str) -> Iterator[None]:
         raise explain_forbidden(exc, api, role, what, project) from None
 
 
+# Creating a build is not idempotent: retry only what was refused before anything was created (429).
+CREATE_RETRY = Retry(predicate=if_exception_type(gexc.TooManyRequests), initial=1.0, maximum=30.0, timeout=300.0)
+
+
+def wait_for(operation, polling, timeout: float | None = None):
+    """A long-running operation's result; the polling GETs themselves are retried on 429 and 5xx too."""
+    return operation.result(timeout=timeout, retry=GCP_RETRY, polling=polling)
+
+
 def with_retry(fn: Callable[[], T], retry: Retry = GCP_RETRY) -> T:
     """Call ``fn`` under ``retry``: for client calls that do not take a ``retry=`` argument themselves."""
     return retry(fn)()

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from tasks import clients
-from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, with_retry
+from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for, with_retry
 
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
 SCANNING_ON = artifactregistry_v1.Repository.VulnerabilityScanningConfig.EnablementConfig.INHERITED
@@ -109,12 +109,13 @@ def ensure_artifact_registry(target: GcpTarget) -> EnsureResult:
                 ),
             )
             try:
-                registry.create_repository(
+                operation = registry.create_repository(
                     parent=target.location_path,
                     repository=wanted,
                     repository_id=target.artifact_repository,
                     retry=GCP_RETRY,
-                ).result(polling=clients.operation_polling(target))
+                )
+                wait_for(operation, clients.operation_polling(target))
             except gexc.Conflict:
                 return EnsureResult(kind="artifact-registry", name=name, action="found")
             return EnsureResult(kind="artifact-registry", name=name, action="created")

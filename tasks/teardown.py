@@ -14,7 +14,7 @@ from prefect import task
 
 from blocks.target import GcpTarget
 from tasks import clients
-from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors
+from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for
 from tasks.infra import iam_call, secret_path, wait_global_operation, wait_region_operation
 
 
@@ -24,7 +24,7 @@ def delete_service(target: GcpTarget, service_id: str) -> EnsureResult:
     services = clients.run_services(target)
     with gcp_errors("run", "roles/run.admin", f"deleting service {service_id}", target.project):
         try:
-            services.delete_service(name=name, retry=GCP_RETRY).result(polling=clients.operation_polling(target))
+            wait_for(services.delete_service(name=name, retry=GCP_RETRY), clients.operation_polling(target))
         except gexc.NotFound:
             return EnsureResult(kind="service", name=name, action="absent")
     return EnsureResult(kind="service", name=name, action="deleted")
