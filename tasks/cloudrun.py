@@ -145,6 +145,13 @@ def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -
         serving = _serving(current)
         revision, existing = _free_revision_name(target, service_id, spec.template.revision)
         if existing is not None and serving == [(revision, 100)]:
+            unverified = next((s for s in current.traffic_statuses if s.tag == CANDIDATE_TAG), None)
+            if unverified is not None and unverified.revision == revision:
+                # A first deploy that never finished (killed before verification): it serves, but nobody has
+                # probed it yet. Verify it now, as that run would have, and promote it to drop the tag.
+                return Candidate(
+                    service=name, service_url=current.uri, revision=revision, url=unverified.uri, first_deploy=True
+                )
             return Candidate(
                 service=name, service_url=current.uri, revision=revision, url=current.uri,
                 previous_traffic=serving, unchanged=True,
