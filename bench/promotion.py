@@ -44,35 +44,63 @@ def _count_writes(sb, since: int) -> dict[str, int]:
         r for r in requests if r["server"] == "gcs" and r["method"] in ("POST", "PUT") and "/upload/" in r["path"]
     ]
     builds = [r for r in requests if r["method"] == "POST" and r["path"].endswith("/builds")]
-    revisions = [r for r in requests if r["method"] in ("POST", "PATCH") and "/services" in r["path"]
-                 and r["server"] == "control" and "updateMask=traffic" not in r["query"]
-                 and "updateMask=scaling" not in r["query"]]  # fmt: skip
-    return {"uploads": len(uploads), "builds": len(builds), "service_writes": len(revisions)}
+    return {"uploads": len(uploads), "builds": len(builds)}
 
 
-def promotion_figures(sb) -> dict:
-    """First promotion, then the same inputs again, through the promote-model flow."""
+def _revisions(target, service: str) -> int:
+    from tasks import clients
+
+    parent = f"{target.location_path}/services/{service}"
+    try:
+        return len(list(clients.run_revisions(target).list_revisions(parent=parent)))
+    except Exception:  # no service yet
+        return 0
+
+
+def _build_profile(scratch: Path) -> str:
+    """A ServingProfile block (l4) whose image Cloud Build builds from a local folder."""
+    source = scratch / "image-source"
+    source.mkdir(exist_ok=True)
+    (source / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY . /app\n")
+    (source / "app.py").write_text("print('bench')\n")
+    ServingProfile.preset("l4", image=None, build={"source_dir": str(source), "image_name": "bench-built"}).save(
+        "bench-built", overwrite=True
+    )
+    return "bench-built"
+
+
+def promotion_figures(sb, scratch: Path) -> dict:
+    """For a pinned image and for one Cloud Build builds: the first promotion, then the same inputs again."""
+    from flows.common import load_target
     from flows.promote import promote_model
     from tasks.probe import VerifyOptions
 
     verify = VerifyOptions(health_period_s=0.05)
-    runs = {}
-    for label in ("first", "again"):
-        since = sb.last_request_seq()
-        started = time.perf_counter()
-        report = promote_model(spec_file=str(SPEC), verify=verify)
-        wall = time.perf_counter() - started
-        steps = sum(step.seconds for step in report.steps)
-        runs[label] = {
-            "outcome": report.outcome,
-            "wall_s": round(wall, 2),
-            "steps_s": round(steps, 2),
-            "overhead_s": round(wall - steps, 2),
-            "bytes_uploaded": report.staging.bytes_uploaded if report.staging else 0,
-            "steps": {step.name: step.seconds for step in report.steps},
-            **_count_writes(sb, since),
-        }
-    return runs
+    target = load_target("sandbox")
+    pairs = {
+        "pinned image": {"spec_file": str(SPEC)},
+        "built image": {"spec_file": str(SPEC), "service": "tiny-chat-built", "profile": _build_profile(scratch)},
+    }
+    figures: dict[str, dict] = {}
+    for pair, params in pairs.items():
+        service = params.get("service", "tiny-chat")
+        for label in ("first", "again"):
+            since, revisions_before = sb.last_request_seq(), _revisions(target, service)
+            started = time.perf_counter()
+            report = promote_model(verify=verify, **params)
+            wall = time.perf_counter() - started
+            steps = sum(step.seconds for step in report.steps)
+            figures.setdefault(pair, {})[label] = {
+                "outcome": report.outcome,
+                "wall_s": round(wall, 2),
+                "steps_s": round(steps, 2),
+                "overhead_s": round(wall - steps, 2),
+                "bytes_uploaded": report.staging.bytes_uploaded if report.staging else 0,
+                "steps": {step.name: step.seconds for step in report.steps},
+                "revisions": _revisions(target, service) - revisions_before,
+                **_count_writes(sb, since),
+            }
+    return figures
 
 
 def readiness_lag(periods: tuple[float, ...] = (0.05, 0.2, 1.0), trials: int = 5) -> list[dict]:
@@ -174,20 +202,29 @@ def main() -> int:
         os.environ["HF_ENDPOINT"] = sb.hub_url
         register_block_types()
         bootstrap_sandbox(Path(scratch) / "sandbox")
-        promotion = promotion_figures(sb)
+        promotion = promotion_figures(sb, Path(scratch))
     lag = readiness_lag()
     cost = cost_figures()
     print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}\n")
-    first, again = promotion["first"], promotion["again"]
-    print(
-        "| promotion | outcome | wall s | steps s | overhead s | bytes uploaded | uploads | builds | service writes |"
-    )
+    print("| promotion | outcome | wall s | steps s | overhead s | bytes uploaded | uploads | builds | revisions |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for label, run in (("first", first), ("same inputs again", again)):
-        print(f"| {label} | {run['outcome']} | {run['wall_s']} | {run['steps_s']} | {run['overhead_s']} | "
-              f"{run['bytes_uploaded']} | {run['uploads']} | {run['builds']} | {run['service_writes']} |")  # fmt: skip
-    print(f"\nre-promotion / first: wall {again['wall_s'] / first['wall_s']:.2f}, bytes "
-          f"{again['bytes_uploaded']}/{first['bytes_uploaded']}\n")  # fmt: skip
+    for pair, runs in promotion.items():
+        for label, run in runs.items():
+            print(f"| {pair}, {label} | {run['outcome']} | {run['wall_s']} | {run['steps_s']} | {run['overhead_s']} | "
+                  f"{run['bytes_uploaded']} | {run['uploads']} | {run['builds']} | {run['revisions']} |")  # fmt: skip
+    for pair, runs in promotion.items():
+        first, again = runs["first"], runs["again"]
+        print(f"\n{pair}: re-promotion / first wall time {again['wall_s'] / first['wall_s']:.2f}; bytes uploaded "
+              f"{again['bytes_uploaded']} vs {first['bytes_uploaded']}; builds {again['builds']} vs {first['builds']}; "
+              f"revisions {again['revisions']} vs {first['revisions']}")  # fmt: skip
+    first = promotion["built image"]["first"]
+    print("\n| step (built image, first promotion) | s | share of wall time |")
+    print("|---|---|---|")
+    for name, seconds in first["steps"].items():
+        print(f"| {name} | {seconds} | {seconds / first['wall_s']:.2f} |")
+    print(f"| sum of steps | {first['steps_s']} | {first['steps_s'] / first['wall_s']:.2f} |")
+    print(f"| orchestration (flow, task runs, artifacts, events) | {first['overhead_s']} | "
+          f"{first['overhead_s'] / first['wall_s']:.2f} |\n")  # fmt: skip
     print("| verifier period s | mean lag s | max lag s | mean lag / period |")
     print("|---|---|---|---|")
     for row in lag:

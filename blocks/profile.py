@@ -31,6 +31,7 @@ MANAGED_FLAGS = {
     "--reasoning-parser": "vllm.reasoning_parser",
     "--enable-auto-tool-choice": "vllm.enable_auto_tool_choice",
 }
+MAX_CONCURRENCY = 1000  # Cloud Run's most requests per instance
 DISALLOWED_MOUNT_ROOTS = ("/dev", "/proc", "/sys")
 CPU_MODE_ENV = {
     # Lesson 9 (seed 000): /dev/shm is tiny on Cloud Run and cannot be mounted over, so the CPU engine
@@ -132,7 +133,7 @@ class ServingProfile(Block):
     max_instances: int = Field(1, ge=1, le=1000, description="Upper bound; GPU quota is 3 per region by default.")
     gpu_quota: int = Field(3, ge=0, description="GPUs this project may use in the region (lesson 6).")
     concurrency: int | None = Field(
-        None, ge=1, le=1000, description="Requests per instance; defaults to 2 x vllm.max_num_seqs."
+        None, ge=1, le=MAX_CONCURRENCY, description="Requests per instance; defaults to 2 x vllm.max_num_seqs."
     )
     request_timeout_seconds: int = Field(600, ge=1, le=3600, description="Cloud Run request timeout.")
     execution_environment: Literal["gen1", "gen2"] = Field("gen2", description="Cloud Run execution environment.")
@@ -217,7 +218,7 @@ class ServingProfile(Block):
     @property
     def effective_concurrency(self) -> int:
         """Requests per instance: the explicit setting, else twice max_num_seqs (lesson 20), at most 1000."""
-        return self.concurrency or min(2 * self.vllm.max_num_seqs, 1000)
+        return self.concurrency or min(2 * self.vllm.max_num_seqs, MAX_CONCURRENCY)
 
     @property
     def hourly_usd(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import httpx
+from google.cloud import run_v2
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from pydantic import ValidationError
@@ -74,27 +75,30 @@ def ensure_infrastructure(target: GcpTarget, profile: ServingProfile) -> list[st
     return [f"{r.kind} {r.name}: {r.action}" + (f" ({'; '.join(r.changes)})" if r.changes else "") for r in results]
 
 
-def _dry_run_plan(
-    report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource, service_id: str,
-    weights: Weights,
-) -> str:  # fmt: skip
-    """The plan as markdown: what would be deployed, the gcloud equivalent, and the Cloud Build YAML."""
-    build_yaml = None
-    if profile.build is not None:
-        build: ImageBuild = profile.build
-        # A git source is not resolved in a dry run (no network calls): the tag is shown as a placeholder.
-        tag = (
-            content_tag(build, source_digest(build))
-            if build.source_dir or build.recipe == "serve-wrapper"
-            else "CONTENT-TAG"
-        )
-        plan = build_plan(target, build, tag)
-        image = plan.tagged
-        build_yaml = render_build_yaml(render_build(target, build, plan, build.ladder[0]))
-    else:
-        image = profile.image or ""
+def _planned_image(target: GcpTarget, profile: ServingProfile) -> tuple[str, str | None]:
+    """The image the service will run, and the Cloud Build YAML when it is built, without any cloud call."""
+    if profile.build is None:
+        return profile.image or "", None
+    build: ImageBuild = profile.build
+    # A git source is not resolved before the build (no network calls): its tag is shown as a placeholder.
+    local = build.source_dir or build.recipe == "serve-wrapper"
+    tag = content_tag(build, source_digest(build)) if local else "CONTENT-TAG"
+    plan = build_plan(target, build, tag)
+    return plan.tagged, render_build_yaml(render_build(target, build, plan, build.ladder[0]))
+
+
+def _planned_service(
+    target: GcpTarget, profile: ServingProfile, source: ModelSource, service_id: str, weights: Weights
+) -> tuple[run_v2.Service, str | None]:
+    """The service as it will be sent (the image by tag, not yet by digest), and the Cloud Build YAML if any."""
+    image, build_yaml = _planned_image(target, profile)
     spec = render_service(profile, target, source, weights, image, revision_name(service_id, weights, image, profile))
-    report.findings += check_service(profile, spec)
+    return spec, build_yaml
+
+
+def _dry_run_plan(report: PromotionReport, target: GcpTarget, spec: run_v2.Service, build_yaml: str | None) -> str:
+    """The plan as markdown: what would be deployed, the gcloud equivalent, and the Cloud Build YAML."""
+    service_id = report.service
     parts = [
         report.markdown(),
         "## gcloud equivalent\n",
@@ -138,25 +142,27 @@ def promote_model(
     if not model:
         raise ValueError("model: give a Hub repo id (e.g. google/gemma-4-E2B-it) or a spec_file with one")
     gcp = load_target(target or spec.get("target", "sandbox"))
-    serving = load_profile(profile or spec.get("profile", "l4"), image or spec.get("image"),
-                           load_mode or spec.get("load_mode"))  # fmt: skip
-    warm_hours = float(warm_hours_per_week or spec.get("warm_hours_per_week", 55))
-    if not 0 <= warm_hours <= 168:
-        raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")
-    source = _model_source(
-        repo_id=model,
-        revision=revision or spec.get("revision", "main"),
-        allow_patterns=allow_patterns or spec.get("allow_patterns"),
-        ignore_patterns=ignore_patterns or spec.get("ignore_patterns"),
-        token_secret_block=token_secret_block or spec.get("token_secret_block"),
-        hub_endpoint=hub_endpoint or spec.get("hub_endpoint"),
-    )
     service_id = service or spec.get("service") or service_id_for(model)
+    # From here on a failure has a service to report on: the report and the failure event go out with it.
     report = PromotionReport(
-        model=model, revision=source.revision, service=service_id, project=gcp.project, region=gcp.region,
-        cost=estimate(serving, warm_hours),
+        model=model, revision=revision or spec.get("revision", "main"), service=service_id, project=gcp.project,
+        region=gcp.region,
     )  # fmt: skip
     try:
+        serving = load_profile(profile or spec.get("profile", "l4"), image or spec.get("image"),
+                               load_mode or spec.get("load_mode"))  # fmt: skip
+        warm_hours = float(spec.get("warm_hours_per_week", 55) if warm_hours_per_week is None else warm_hours_per_week)
+        if not 0 <= warm_hours <= 168:
+            raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")
+        report.cost = estimate(serving, warm_hours)
+        source = _model_source(
+            repo_id=model,
+            revision=report.revision,
+            allow_patterns=allow_patterns or spec.get("allow_patterns"),
+            ignore_patterns=ignore_patterns or spec.get("ignore_patterns"),
+            token_secret_block=token_secret_block or spec.get("token_secret_block"),
+            hub_endpoint=hub_endpoint or spec.get("hub_endpoint"),
+        )
         _promote(report, gcp, serving, source, service_id, verify, dry_run)
     except Exception as exc:
         report.outcome = "failed"
@@ -194,11 +200,15 @@ def _promote(
         commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, options)
         report.commit = commit
         report.findings += raise_on_errors(check_model(profile, ModelFacts(weights_bytes, config)))
-    if dry_run:
+    with report.step("check service"):
+        # The service as it will be sent, checked before any cloud call (only the image digest is still unknown).
         weights = Weights(source.repo_id, commit, target.bucket_name, commit_prefix(target, source.repo_id, commit),
                           weights_bytes)  # fmt: skip
+        planned, build_yaml = _planned_service(target, profile, source, service_id, weights)
+        report.findings += raise_on_errors(check_service(profile, planned))
+    if dry_run:
         report.outcome = "dry-run"
-        plan = _dry_run_plan(report, target, profile, source, service_id, weights)
+        plan = _dry_run_plan(report, target, planned, build_yaml)
         create_markdown_artifact(
             plan, key=artifact_key(f"plan-{service_id}"), description=f"dry run of {source.repo_id}"
         )
@@ -219,7 +229,8 @@ def _promote(
             spec = render_service(
                 profile, target, source, weights, image, revision_name(service_id, weights, image, profile)
             )
-            report.findings += raise_on_errors(check_service(profile, spec))
+            final = raise_on_errors(check_service(profile, spec))
+            report.findings += [f for f in final if f not in report.findings]
         with report.step("deploy candidate"):
             candidate = run_deploy_candidate(target, service_id, spec)
             report.candidate_url = candidate.url if not candidate.unchanged else None

@@ -22,6 +22,7 @@ from tasks.logs import run_logger
 from tasks.preflight import CANDIDATE_TAG
 from tasks.probe import Verification, VerificationFailed, VerifyOptions, verify
 from tasks.revision_logs import revision_log_tail
+from tasks.teardown import delete_service
 
 BY_REVISION = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
 LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
@@ -184,10 +185,9 @@ def _first_deploy(target: GcpTarget, service_id: str, spec: run_v2.Service) -> C
         )
         created = wait_for(operation, clients.operation_polling(target))
     except gexc.GoogleAPICallError as exc:
-        raise DeployFailed(
-            _failure_details(target, service_id, spec.template.revision, exc)
-            + "\n(first deploy: nothing was serving before)"
-        ) from None
+        details = _failure_details(target, service_id, spec.template.revision, exc)
+        delete_service(target, service_id)  # a service that never served is no state to keep: the rerun starts clean
+        raise DeployFailed(f"{details}\n(first deploy: nothing was serving before; the service was removed)") from None
     tag_url = next(s.uri for s in created.traffic_statuses if s.tag == CANDIDATE_TAG)
     return Candidate(
         service=created.name, service_url=created.uri, revision=_short(created.latest_ready_revision),
@@ -202,8 +202,11 @@ def promote_candidate(target: GcpTarget, service_id: str, candidate: Candidate) 
 
 
 def abandon_candidate(target: GcpTarget, service_id: str, candidate: Candidate) -> None:
-    """Traffic as it was before the candidate, without its tag (on a first deploy, nothing else exists)."""
-    if candidate.first_deploy or candidate.unchanged:
+    """Traffic as it was before the candidate, without its tag; on a first deploy, as it was: no service."""
+    if candidate.unchanged:
+        return
+    if candidate.first_deploy:
+        delete_service(target, service_id)  # its only revision failed verification: nothing verified ever served
         return
     with gcp_errors("run", "roles/run.developer", f"removing candidate {candidate.revision}", target.project):
         _set_traffic(target, service_id, _pinned(candidate.previous_traffic))
@@ -231,7 +234,9 @@ def roll_out(
     except VerificationFailed as exc:
         abandon_candidate(target, service_id, candidate)
         where = (
-            "nothing was serving before" if candidate.first_deploy else f"traffic stays on {candidate.previous_traffic}"
+            "nothing was serving before; the service was removed"
+            if candidate.first_deploy
+            else f"traffic stays on {candidate.previous_traffic}"
         )
         raise PromotionFailed(f"candidate {candidate.revision} failed verification: {exc}; {where}") from None
     promote_candidate(target, service_id, candidate)

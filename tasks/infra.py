@@ -82,7 +82,7 @@ def _check_bucket(bucket: gcs.Bucket, target: GcpTarget) -> EnsureResult:
         bucket.labels = {**(bucket.labels or {}), **missing}
         changes.append(f"labels set: {', '.join(sorted(missing))}")
     if changes:
-        bucket.patch()
+        bucket.patch(if_metageneration_match=bucket.metageneration)  # retried on 429/5xx only when conditional
         return EnsureResult(kind="bucket", name=name, action="updated", changes=changes)
     return EnsureResult(kind="bucket", name=name, action="found")
 

@@ -15,7 +15,7 @@ from google.cloud import run_v2
 from pydantic import BaseModel
 
 from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
-from blocks.profile import CPU_MODE_ENV, DISALLOWED_MOUNT_ROOTS, ServingProfile
+from blocks.profile import CPU_MODE_ENV, DISALLOWED_MOUNT_ROOTS, MAX_CONCURRENCY, ServingProfile
 from blocks.target import GcpTarget
 from tasks.images import check_local_source, prebuilt_findings
 from tasks.render import (
@@ -125,9 +125,19 @@ def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -
                     9,
                 )
             )
-    if profile.effective_concurrency < profile.vllm.max_num_seqs:
+    if profile.vllm.max_num_seqs > MAX_CONCURRENCY:
         findings.append(
-            _warning(
+            _error(
+                "vllm.max_num_seqs",
+                f"{profile.vllm.max_num_seqs} is above the {MAX_CONCURRENCY} requests Cloud Run sends one instance at "
+                f"once: the batch never fills; lower max_num_seqs to {MAX_CONCURRENCY} or less",
+                20,
+            )
+        )
+    elif profile.effective_concurrency < profile.vllm.max_num_seqs:
+        # A GPU paid for a batch it never gets: Cloud Run queues or scales out before vLLM is full.
+        findings.append(
+            _error(
                 "concurrency",
                 f"{profile.effective_concurrency} is below vllm.max_num_seqs ({profile.vllm.max_num_seqs}): Cloud Run "
                 "never sends enough requests to fill a batch; leave concurrency empty for twice max_num_seqs",

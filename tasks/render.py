@@ -278,13 +278,22 @@ def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) 
     plain = {e.name: e.value for e in container.env if not e.value_source}
     secrets = {e.name: _secret_reference(e) for e in container.env if e.value_source}
     if plain:
-        parts.append("--set-env-vars=" + ",".join(f"{k}={v}" for k, v in plain.items()))
+        parts.append(_gcloud_list("--set-env-vars", [f"{k}={v}" for k, v in plain.items()]))
     if secrets:
         parts.append("--set-secrets=" + ",".join(f"{k}={v}" for k, v in secrets.items()))  # references, never values
     labels = ",".join(f"{k}={v}" for k, v in sorted(template.labels.items()))
-    parts += [f"--labels={labels}", "--args=" + ",".join(container.args)]
+    parts += [f"--labels={labels}", _gcloud_list("--args", list(container.args))]
     head, flags = " ".join(shlex.quote(p) for p in parts[:4]), parts[4:]
     return " \\\n  ".join([head, *(shlex.quote(flag) for flag in flags)])
+
+
+def _gcloud_list(flag: str, items: list[str]) -> str:
+    """A gcloud list flag; items that hold a comma (a JSON arg, say) get another delimiter (`gcloud topic
+    escaping`), or gcloud would split them."""
+    if not any("," in item for item in items):
+        return f"{flag}={','.join(items)}"
+    delimiter = next(d for d in "|;#~@^" if not any(d in item for item in items))
+    return f"{flag}=^{delimiter}^{delimiter.join(items)}"
 
 
 def _secret_reference(var: run_v2.EnvVar) -> str:

@@ -120,8 +120,17 @@ def read_manifest(bucket: gcs.Bucket, prefix: str) -> Manifest | None:
         return Manifest.model_validate_json(bucket.blob(f"{prefix}/{MANIFEST}").download_as_bytes())
     except gexc.NotFound:
         return None
+    except gexc.Forbidden:
+        raise StagingError(_permission_denied(bucket.name)) from None
     except ValueError:
         return None  # unreadable manifest: stage again and rewrite it
+
+
+def _permission_denied(bucket: str) -> str:
+    return (
+        f"permission denied on bucket gs://{bucket}: grant the identity running this flow "
+        "roles/storage.objectAdmin on it, or set GcpTarget.bucket to a bucket it may write"
+    )
 
 
 def check_bucket(storage: gcs.Client, target: GcpTarget) -> gcs.Bucket:
@@ -136,10 +145,7 @@ def check_bucket(storage: gcs.Client, target: GcpTarget) -> gcs.Bucket:
             "--public-access-prevention`"
         ) from None
     except gexc.Forbidden:
-        raise StagingError(
-            f"permission denied on bucket gs://{name}: grant the identity running this flow "
-            "roles/storage.objectAdmin on it, or set GcpTarget.bucket to a bucket it may write"
-        ) from None
+        raise StagingError(_permission_denied(name)) from None
     if (bucket.location or "").lower() != target.region:
         raise StagingError(
             f"bucket gs://{name} is in {bucket.location}, the service in {target.region}: weights must sit in the "

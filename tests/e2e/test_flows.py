@@ -12,6 +12,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
 
+from blocks import ServingProfile
 from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
@@ -132,3 +133,23 @@ def test_two_promotions_of_one_service_never_interleave(flow_env, service):
     previous = {r.previous_revision for r in outcomes.values()}
     serving = {r.serving_revision for r in outcomes.values()}
     assert len(previous & serving) == 1
+
+
+def test_a_second_promotion_reuses_the_built_image_and_changes_nothing(sb, flow_env, service, tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY . /app\n")
+    (tmp_path / "app.py").write_text(f"print({service!r})\n")  # a new tree: the first promotion really builds
+    profile = f"{service}-build"
+    ServingProfile.preset("l4", image=None, build={"source_dir": str(tmp_path), "image_name": service}).save(profile)
+
+    def builds_created_since(since: int) -> list[str]:
+        return [r["path"] for r in sb.requests("control", since=since)
+                if r["method"] == "POST" and r["path"].endswith("/builds")]  # fmt: skip
+
+    since = sb.last_request_seq()
+    first = promote(service, profile=profile)
+    assert first.image is not None and not first.image.reused and len(builds_created_since(since)) == 1
+    since = sb.last_request_seq()
+    second = promote(service, profile=profile)
+    assert builds_created_since(since) == []
+    assert second.image is not None and second.image.reused and second.image.image == first.image.image
+    assert second.outcome == "unchanged" and second.serving_revision == first.serving_revision

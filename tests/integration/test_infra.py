@@ -73,8 +73,9 @@ def test_created_resources_have_the_settings_the_lessons_ask_for(target):
     assert bucket.labels["managed-by"] == "hf-cloudrun-pipeline"
     repository = clients.artifact_registry(target).get_repository(name=infra.repository_path(target))
     assert repository.vulnerability_scanning_config.enablement_config.name == "INHERITED"
+    assert repository.labels["managed-by"] == "hf-cloudrun-pipeline"
     network = clients.compute_networks(target).get(project=target.project, network=target.network)
-    assert network.auto_create_subnetworks is False
+    assert network.auto_create_subnetworks is False and network.routing_config.routing_mode == "REGIONAL"
     subnet = clients.compute_subnetworks(target).get(
         project=target.project, region=target.region, subnetwork=target.subnet
     )
@@ -152,12 +153,17 @@ def test_bucket_in_another_region_or_public_is_refused(target):
         infra.ensure_bucket(public)
 
 
-def test_bucket_without_public_access_prevention_is_repaired(target):
+def test_bucket_without_public_access_prevention_is_repaired_through_a_503(sb, target):
     clients.storage(target).create_bucket(target.bucket_name, location=target.region)
+    sb.add_fault("gcs", path=f"^/storage/v1/b/{target.bucket_name}$", method="PATCH", status=503, times=1)
     result = infra.ensure_bucket(target)
     assert result.action == "updated"
     assert "public access prevention enforced" in result.changes
     assert "uniform bucket-level access turned on" in result.changes
+    assert [rule["fired"] for rule in sb.faults()] == [1]
+    bucket = clients.storage(target).get_bucket(target.bucket_name)
+    assert bucket.iam_configuration.public_access_prevention == "enforced"
+    assert infra.ensure_bucket(target).action == "found"
 
 
 def test_creates_that_lose_a_race_report_found(sb, target):

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from google.api_core.exceptions import NotFound
 from google.cloud import run_v2
 from pydantic import SecretStr
 
@@ -124,6 +125,27 @@ def test_a_failing_candidate_leaves_traffic_where_it_was(sb, env, service_id, fa
     assert expected in str(caught.value)
     assert serving(env, service_id) == [(first.revision, 100, "")]  # no candidate tag left behind either
     assert revision_serving(first.service_url) == first.revision
+
+
+@pytest.mark.parametrize(
+    ("faults", "error", "expected"),
+    [
+        ({"crash_at_start": "CUDA error: out of memory"}, DeployFailed, "RuntimeError: CUDA error: out of memory"),
+        ({"completions_status": 500}, PromotionFailed, "chat completion answered HTTP 500"),
+    ],
+    ids=["crash-at-start", "completions-500"],
+)
+def test_a_failing_first_deploy_leaves_no_service_and_the_rerun_starts_clean(sb, env, service_id, faults, error,
+                                                                              expected):  # fmt: skip
+    sb.run("POST", "/faults", json={"service": service_id, "faults": faults})
+    with pytest.raises(error) as caught:
+        promote(env, env["old"], service_id)
+    assert expected in str(caught.value) and "nothing was serving before; the service was removed" in str(caught.value)
+    with pytest.raises(NotFound):  # no unverified revision serves, and no candidate tag is left behind
+        serving(env, service_id)
+    again = promote(env, env["old"], service_id)
+    assert again.first_deploy and again.verification is not None
+    assert serving(env, service_id) == [(again.revision, 100, "")]
 
 
 def test_crash_reports_carry_the_container_log(sb, env, service_id):

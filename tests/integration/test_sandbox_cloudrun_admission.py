@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -9,7 +10,10 @@ from google.api_core import exceptions
 from google.cloud import run_v2
 
 from tasks import clients
+from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import gpu_service, health_probe, vllm_args
+
+RTX = {"gpu": "nvidia-rtx-pro-6000", "cpu": "20", "memory": "80Gi"}
 
 _ids = itertools.count()
 
@@ -78,6 +82,48 @@ def test_rtx_pro_6000_needs_its_minimums_and_a_region_that_has_it(services, sand
     )
     message = rejected(services, sandbox_target, gpu_service("w", **rtx), region="europe-west1")
     assert "not available in region 'europe-west1'" in message
+
+
+def test_rtx_pro_6000_needs_gpu_zonal_redundancy_disabled(services, sandbox_target):
+    redundant = gpu_service("w", **RTX, zonal_redundancy_disabled=False)
+    message = rejected(services, sandbox_target, redundant, region="europe-west4")
+    assert "You do not have quota for using GPUs with zonal redundancy." in message
+    admitted = create(services, sandbox_target, gpu_service("w", **RTX), region="europe-west4")
+    assert admitted.template.gpu_zonal_redundancy_disabled
+
+
+def test_rtx_pro_6000_memory_below_80gi_is_refused(services, sandbox_target):
+    message = rejected(services, sandbox_target, gpu_service("w", **{**RTX, "memory": "64Gi"}))
+    assert "nvidia-rtx-pro-6000 requires at least 80Gi of memory, got 64Gi" in message
+
+
+def test_l4_in_a_region_without_l4_is_refused(services, sandbox_target):
+    message = rejected(services, sandbox_target, gpu_service("w"), region="asia-south2")
+    assert "GPU type 'nvidia-l4' is not available in region 'asia-south2'" in message
+
+
+def test_reusing_a_revision_name_with_another_configuration_is_refused(services, sandbox_target):
+    bucket, service_id = "admission-test-weights", f"adm-{next(_ids)}"
+    upload_model(clients.storage(sandbox_target), bucket, "models/tiny", tiny_model_files())
+    polling = clients.operation_polling(sandbox_target)
+    first = services.create_service(
+        parent=sandbox_target.location_path,
+        service=gpu_service(bucket, revision=f"{service_id}-one"),
+        service_id=service_id,
+    ).result(timeout=60, polling=polling)
+    try:
+        changed = gpu_service(bucket, revision=f"{service_id}-one", args=vllm_args("--dtype=bfloat16"))
+        with pytest.raises(exceptions.Conflict) as caught:
+            services.update_service(service=run_v2.Service(changed, name=first.name)).result(polling=polling)
+        assert caught.value.message.endswith(
+            f": Revision named '{service_id}-one' with different configuration already exists."
+        )
+        after = services.get_service(name=first.name)
+        assert after.latest_ready_revision == first.latest_ready_revision == f"{first.name}/revisions/{service_id}-one"
+        assert [(t.revision, t.percent) for t in after.traffic_statuses] == [(f"{service_id}-one", 100)]
+    finally:
+        with contextlib.suppress(exceptions.NotFound):
+            services.delete_service(name=first.name).result(polling=polling)
 
 
 def test_cpu_service_without_gpu_is_admitted_and_probe_limit_is_600s(services, sandbox_target):

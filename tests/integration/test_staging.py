@@ -250,8 +250,10 @@ def test_bucket_missing_or_in_another_region_is_named(sb, sandbox_target, repo):
         stage_model(elsewhere, source(sb, repo), token(sb))
 
 
-def test_permission_denied_on_the_bucket_names_the_role(sb, target, repo):
-    sb.add_fault("gcs", path=f"^/storage/v1/b/{target.bucket_name}$", method="GET", status=403)
+@pytest.mark.parametrize("denied", ["bucket", "manifest"])
+def test_permission_denied_on_the_bucket_names_the_role(sb, target, repo, denied):
+    path = {"bucket": "/storage/v1/b/{}$", "manifest": "/download/storage/v1/b/{}/o/"}[denied]
+    sb.add_fault("gcs", path="^" + path.format(target.bucket_name), method="GET", status=403)
     with pytest.raises(
         StagingError,
         match=rf"permission denied on bucket gs://{target.bucket_name}: grant .* roles/storage\.objectAdmin",

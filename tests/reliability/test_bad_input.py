@@ -272,18 +272,17 @@ def test_block_saved_through_the_ui_with_a_bad_value(sb, flow_env, block, base, 
     fails_cleanly(sb, lambda: promote(**kwargs), field, fix)
 
 
-def test_concurrency_below_max_num_seqs_warns_and_does_not_block(sb, flow_env):
-    service = new_service()
-    profile = saved_profile("bi-l4-concurrency-8", concurrency=8)
-    try:
-        report = promote(profile=profile, service=service)
-        assert report.outcome == "promoted"
-        warnings = [f for f in report.findings if f.setting == "concurrency"]
-        assert [f.severity for f in warnings] == ["warning"]
-        assert "leave concurrency empty for twice max_num_seqs" in warnings[0].message
-        assert "warning: concurrency: 8 is below vllm.max_num_seqs (64)" in artifact(f"promotion-{service}")
-    finally:
-        teardown(service=service)
+@pytest.mark.parametrize(
+    ("overrides", "field", "fix"),
+    [
+        ({"concurrency": 8}, "concurrency", "leave concurrency empty for twice max_num_seqs"),
+        ({"vllm": {"max_num_seqs": 2048}}, "vllm.max_num_seqs", "lower max_num_seqs to 1000 or less"),
+    ],
+    ids=["concurrency-below-max-num-seqs", "max-num-seqs-above-1000"],
+)
+def test_a_batch_cloud_run_can_never_fill(sb, flow_env, overrides, field, fix):
+    profile = saved_profile(f"bi-l4-unfillable-{field.replace('.', '-').replace('_', '-')}", **overrides)
+    fails_cleanly(sb, lambda: promote(profile=profile), field, fix)
 
 
 @pytest.mark.parametrize(("preset", "limit_s"), [("l4", GPU_PROBE_LIMIT_S), ("cpu", CPU_PROBE_LIMIT_S)])
@@ -296,6 +295,9 @@ def test_a_load_rate_too_low_for_the_probe_is_capped_at_cloud_runs_limit(sb, flo
     assert report.outcome == "dry-run"
     assert not [f for f in report.findings if f.severity == "error"]
     assert f"failureThreshold: {limit_s // PROBE_PERIOD_S}\n" in artifact(f"plan-{service}")
+    # ...and the plan says the weights will not load in that window, and what to change
+    warnings = [f.message for f in report.findings if f.setting == "load_rate_mb_s"]
+    assert len(warnings) == 1 and "raise load_rate_mb_s if the storage is faster" in warnings[0]
     assert cloud_writes(sb, since) == []
 
 

@@ -75,9 +75,16 @@ def test_a_region_without_the_gpu_type_is_an_error():
     assert "not offered in europe-west1" in findings[0].message
 
 
-def test_concurrency_below_max_num_seqs_is_a_warning():
+def test_concurrency_below_max_num_seqs_is_an_error():
     findings = check_profile(ServingProfile.preset("l4", concurrency=8), TARGET, "svc")
-    assert errors_and_warnings(findings) == ([], ["concurrency"])
+    assert errors_and_warnings(findings) == (["concurrency"], [])
+
+
+def test_max_num_seqs_above_cloud_runs_concurrency_limit_is_an_error():
+    profile = ServingProfile.preset("l4", vllm={"max_num_seqs": 2048})
+    findings = check_profile(profile, TARGET, "svc")
+    assert errors_and_warnings(findings) == (["vllm.max_num_seqs"], [])
+    assert "lower max_num_seqs to 1000" in findings[0].message
 
 
 def test_a_service_name_too_long_for_its_tag_url_is_an_error():

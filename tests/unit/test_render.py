@@ -147,6 +147,16 @@ def test_gcloud_command_is_the_seed_command_with_our_defaults_and_no_secret_valu
     assert args.startswith("--args=vllm,serve,/mnt/models/")
 
 
+def test_gcloud_command_keeps_an_arg_with_commas_whole():
+    config = '{"max_tokens":64,"temperature":0}'
+    service = render(ServingProfile.preset("l4", vllm={"extra_args": ["--override-generation-config", config]}))
+    words = shlex.split(gcloud_command("gemma", TARGET, service).replace("\\\n", " "))
+    args = next(w for w in words if w.startswith("--args="))
+    delimiter = args[len("--args=^")]
+    assert args.startswith(f"--args=^{delimiter}^vllm{delimiter}serve{delimiter}")
+    assert args.split(f"^{delimiter}^", 1)[1].split(delimiter)[-2:] == ["--override-generation-config", config]
+
+
 def test_service_yaml_is_knative_with_the_gpu_and_volume():
     document = yaml.safe_load(service_yaml("gemma", TARGET, render(ServingProfile.preset("l4"))))
     assert document["apiVersion"] == "serving.knative.dev/v1"

@@ -106,6 +106,7 @@ class CloudRun:
         self.services: dict[str, ServiceRecord] = {}
         self.operations: dict[str, operations_pb2.Operation] = {}
         self.instances: dict[str, Instance] = {}  # by full revision name
+        self.faults_for_new_services: dict[str, list[dict]] = {}  # by service id, for its first revisions
         self._starting: dict[str, asyncio.Task] = {}
         self._http: httpx.AsyncClient | None = None
 
@@ -176,6 +177,7 @@ class CloudRun:
         if not spec.traffic:
             spec.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=100)]
         record = ServiceRecord(service_id=service_id, service=run_v2.Service(name=name, uid=str(uuid.uuid4())))
+        record.pending_faults.extend(self.faults_for_new_services.pop(service_id, []))
         self.services[name] = record
         record.frontends[""] = await self._serve_frontend(record, "")
         record.service.uri = record.frontends[""].url
@@ -645,14 +647,16 @@ class CloudRun:
 
     # Admin ------------------------------------------------------------------------------------------------
     async def admin_instance_faults(self, request: Request) -> JSONResponse:
-        """``{"service": id, "faults": {...}, "revisions": n}``: the next n revisions start with these faults."""
+        """``{"service": id, "faults": {...}, "revisions": n}``: the next n revisions start with these faults; for a
+        service not created yet, its first n revisions."""
         body = await request.json()
+        queued = [body.get("faults", {})] * int(body.get("revisions", 1))
         matches = [r for r in self.services.values() if r.service_id == body.get("service")]
-        if not matches:
-            return JSONResponse({"error": f"no service {body.get('service')!r}"}, status_code=404)
         for record in matches:
-            record.pending_faults.extend([body.get("faults", {})] * int(body.get("revisions", 1)))
-        return JSONResponse({"queued": len(matches)})
+            record.pending_faults.extend(queued)
+        if not matches:
+            self.faults_for_new_services.setdefault(str(body.get("service")), []).extend(queued)
+        return JSONResponse({"queued": len(matches) or 1})
 
     async def admin_logs(self, request: Request) -> Response:
         short = request.path_params["revision"]
