@@ -141,6 +141,12 @@ class ServingProfile(Block):
     startup_cpu_boost: bool = Field(True, description="Extra CPU during start-up.")
     container_port: int = Field(8080, ge=1, le=65535, description="Port vLLM listens on and Cloud Run routes to.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra container environment (no secrets).")
+    hf_token_at_runtime: bool = Field(
+        False,
+        description="Give the container HF_TOKEN from Secret Manager, for a runtime that reaches the Hub (LoRA "
+        "adapters, a gated tokenizer). The pipeline stores the model source's token as the target's "
+        "hf_token_secret and grants only the service account access to it; weights are still staged.",
+    )
     load_mode: Literal["gcs-volume", "runai-streamer"] = Field(
         "gcs-volume",
         description="How weights reach vLLM: a Cloud Storage volume mount, or streamed from gs:// by the Run:ai "
@@ -174,8 +180,8 @@ class ServingProfile(Block):
                 raise ValueError("env: PORT is set by Cloud Run from container_port; set container_port instead")
             if key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
                 raise ValueError(
-                    f"env: {key} must not be stored in plain text; name a Prefect Secret block in the model "
-                    "source (token_secret_block) and the pipeline passes it through Secret Manager"
+                    f"env: {key} must not be stored in plain text; set hf_token_at_runtime and the pipeline "
+                    "passes the token of the model source's Secret block (token_secret_block) through Secret Manager"
                 )
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise ValueError(f"env: '{key}' is not a valid environment variable name")

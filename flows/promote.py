@@ -65,14 +65,27 @@ def hf_resolve_model(
 
 
 @task(name="ensure_infrastructure")
-def ensure_infrastructure(target: GcpTarget, profile: ServingProfile) -> list[str]:
-    """Bucket, registry (when building), network and subnet, service account and its read access to the bucket."""
+def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: ModelSource) -> list[str]:
+    """Bucket, registry (when building), network and subnet, service account and its read access to the bucket;
+    with hf_token_at_runtime, the Hub token in Secret Manager and the service account's access to it alone."""
     steps = [infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet, infra.ensure_service_account]
     if profile.build is not None:
         steps.insert(1, infra.ensure_artifact_registry)
     results = [step(target) for step in steps]
     results.append(access.grant_bucket_object_viewer(target))
+    if profile.hf_token_at_runtime:
+        token = clients.hub_token(source)  # read here, inside the task: never a parameter, never logged
+        if token is None:
+            raise ValueError(_NO_RUNTIME_TOKEN)
+        results += [infra.ensure_secret(target, token), access.grant_secret_accessor(target)]
     return [f"{r.kind} {r.name}: {r.action}" + (f" ({'; '.join(r.changes)})" if r.changes else "") for r in results]
+
+
+_NO_RUNTIME_TOKEN = (
+    "hf_token_at_runtime: the service is to get HF_TOKEN from Secret Manager, but there is no token to store; "
+    "name a Prefect Secret block in token_secret_block (or set HF_TOKEN on the worker), or turn "
+    "hf_token_at_runtime off"
+)
 
 
 def _planned_image(target: GcpTarget, profile: ServingProfile) -> tuple[str, str | None]:
@@ -196,6 +209,8 @@ def _promote(
     options = StagingOptions()
     with report.step("preflight"):
         report.findings = raise_on_errors(check_profile(profile, target, service_id))
+        if profile.hf_token_at_runtime and clients.hub_token(source) is None:
+            raise ValueError(_NO_RUNTIME_TOKEN)
     with report.step("resolve"):
         commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, options)
         report.commit = commit
@@ -216,7 +231,7 @@ def _promote(
         return
     with service_lock(target, service_id):
         with report.step("infrastructure"):
-            for line in ensure_infrastructure(target, profile):
+            for line in ensure_infrastructure(target, profile, source):
                 log.info(line)
         with report.step("stage"):
             staged = hf_stage_model(target, source, source.token_secret_block, options)

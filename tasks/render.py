@@ -164,6 +164,14 @@ def revision_name(service_id: str, weights: Weights, image: str, profile: Servin
     return f"{service_id}-{weights.commit[:7]}-{digest}"[:63].rstrip("-")
 
 
+def _secret_env(profile: ServingProfile, target: GcpTarget) -> list[run_v2.EnvVar]:
+    """HF_TOKEN as a reference to the target's secret: Cloud Run reads it at start, nothing holds the value."""
+    if not profile.hf_token_at_runtime:
+        return []
+    ref = run_v2.SecretKeySelector(secret=target.hf_token_secret, version="latest")
+    return [run_v2.EnvVar(name="HF_TOKEN", value_source=run_v2.EnvVarSource(secret_key_ref=ref))]
+
+
 def render_service(
     profile: ServingProfile,
     target: GcpTarget,
@@ -185,7 +193,7 @@ def render_service(
         name=CONTAINER,
         image=image,
         args=container_args(profile, image, model, source.served_model_name),
-        env=[run_v2.EnvVar(name=k, value=v) for k, v in sorted(env.items())],
+        env=[run_v2.EnvVar(name=k, value=v) for k, v in sorted(env.items())] + _secret_env(profile, target),
         resources=run_v2.ResourceRequirements(
             limits=limits, cpu_idle=not profile.cpu_always_allocated, startup_cpu_boost=profile.startup_cpu_boost
         ),

@@ -17,7 +17,7 @@ from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.teardown import teardown
-from tasks import clients
+from tasks import clients, infra
 from tasks.probe import VerifyOptions
 
 pytestmark = pytest.mark.prefect
@@ -153,3 +153,25 @@ def test_a_second_promotion_reuses_the_built_image_and_changes_nothing(sb, flow_
     assert builds_created_since(since) == []
     assert second.image is not None and second.image.reused and second.image.image == first.image.image
     assert second.outcome == "unchanged" and second.serving_revision == first.serving_revision
+
+
+def test_a_runtime_token_reaches_the_service_only_through_secret_manager(sb, flow_env, service):
+    ServingProfile.preset("l4", hf_token_at_runtime=True).save("e2e-runtime-token", overwrite=True)
+    report = promote(service, profile="e2e-runtime-token")
+    assert report.outcome == "promoted"  # the revision started: Cloud Run read the secret as the service account
+    revision = clients.run_revisions(flow_env).get_revision(
+        name=f"{flow_env.location_path}/services/{service}/revisions/{report.serving_revision}"
+    )
+    env = {var.name: var for var in revision.containers[0].env}
+    assert env["HF_TOKEN"].value == ""  # a reference, never the value
+    assert env["HF_TOKEN"].value_source.secret_key_ref.secret == flow_env.hf_token_secret
+    secret = infra.secret_path(flow_env)
+    manager = clients.secret_manager(flow_env)
+    assert manager.access_secret_version(name=f"{secret}/versions/latest").payload.data.decode() == sb.hub_token
+    bindings = [(b.role, list(b.members)) for b in manager.get_iam_policy(request={"resource": secret}).bindings]
+    assert bindings == [("roles/secretmanager.secretAccessor", [f"serviceAccount:{flow_env.service_account_email}"])]
+    since = sb.last_request_seq()
+    again = promote(service, profile="e2e-runtime-token")
+    assert again.outcome == "unchanged"
+    writes = [f"{r['method']} {r['path']}" for r in sb.requests("control", since=since) if r["method"] in WRITES]
+    assert writes == []  # no new secret version, no policy edit, no revision

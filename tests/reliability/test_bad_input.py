@@ -179,6 +179,14 @@ def test_gated_repo_without_any_token(sb, flow_env, monkeypatch):
     assert "HF_TOKEN" in message
 
 
+def test_a_runtime_token_without_any_token(sb, flow_env, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    profile = saved_profile("bi-l4-runtime-token", hf_token_at_runtime=True)
+    fails_cleanly(
+        sb, lambda: promote(profile=profile, token_secret_block=None), "hf_token_at_runtime", "token_secret_block"
+    )
+
+
 def test_missing_model(sb, flow_env):
     fails_cleanly(sb, lambda: promote(model=None), "model:", "give a Hub repo id")
 

@@ -537,6 +537,13 @@ RETRIED_SINGLY = [
     pytest.param(("control", "GET", r"^/v1/projects/[^/]+/locations/[^/]+/operations/", 429), id="build-operation"),
     pytest.param(("control", "GET", r"^/v2/projects/[^/]+/locations/[^/]+/operations/", 429), id="run-operation"),
     pytest.param(("control", "GET", r"^/v2/.*/services/[^/]+/revisions/", 503), id="run-get-revision"),
+    pytest.param(("control", "GET", r"^/v1/projects/[^/]+/locations/[^/]+/operations/", 503), id="build-operation-503"),
+    pytest.param(("control", "GET", r"^/v2/projects/[^/]+/locations/[^/]+/operations/", 503), id="run-operation-503"),
+    pytest.param(("control", "GET", r"^/v2/.*/services/[^/]+/revisions/", 429), id="run-get-revision-429"),
+    # A new service name: the first deploy creates the service.
+    pytest.param(("control", "POST", r"^/v2/projects/[^/]+/locations/[^/]+/services$", 429), id="run-create-429"),
+    pytest.param(("control", "POST", r"^/v2/projects/[^/]+/locations/[^/]+/services$", 503), id="run-create-503"),
+    # Not here: a 503 on the build's creation (POST .../builds) is deliberately not retried, it may have created one.
 ]
 
 
@@ -554,8 +561,47 @@ def test_a_transient_error_on_a_build_operation_or_revision_call_is_retried(sb, 
     assert state.is_completed(), f"one transient {status} failed the promotion: {state.message}"
 
 
+# Bursts of 503 from the Hub: the revision lookup, shard resolves (run in parallel), or both in one promotion.
+HUB_503_BURSTS = [
+    pytest.param([(r"^/api/models/", 1)], id="revision-lookup"),
+    pytest.param([(r"/resolve/.*\.safetensors$", 2)], id="two-shard-resolves"),
+    pytest.param([(r"^/api/models/", 1), (r"/resolve/.*\.safetensors$", 2)], id="lookup-and-two-shards"),
+]
+
+
+@pytest.mark.parametrize("bursts", HUB_503_BURSTS)
+def test_a_burst_of_503_from_the_hub_is_retried(sb, flow_env, bursts):
+    repo, service = new_repo(sb, 3_000_000, shards=3), unique("flt-hub503")
+    for path, times in bursts:
+        sb.add_fault("hub", path=path, status=503, times=times)
+    since = sb.last_request_seq()
+    state = promote(repo, service)
+    assert [r["fired"] for r in sb.faults()] == [times for _, times in bursts]
+    report = completed(state)
+    assert report.outcome == "promoted"
+    assert sum(1 for r in sb.requests("hub", since=since) if r["status"] == 503) == sum(t for _, t in bursts)
+    assert_staged_once_and_verified(sb, flow_env, report, since)
+    assert traffic(flow_env, service) == [(report.serving_revision, 100, "")]
+
+
 # 8. Failing candidates while clients call the service ----------------------------------------------------------
-def test_failing_candidates_never_fail_a_caller(sb, flow_env):
+# Two failing candidates per case, (instance faults, what the failed flow run says): dev, then v1.0.
+FAILING_CANDIDATES = [
+    pytest.param(
+        ({"crash_at_start": "CUDA error: out of memory"}, "did not become ready"),
+        ({"completions_status": 500}, "chat completion answered HTTP 500"),
+        id="crash-at-start+completions-500",
+    ),
+    pytest.param(
+        ({"engine_dead_after_requests": 0}, "failed the configured startup probe checks"),  # /health never 200
+        ({"served_model_name": "someone/else"}, f"lists ['someone/else'] but not '{TINY}'"),
+        id="never-healthy+wrong-model-name",
+    ),
+]
+
+
+@pytest.mark.parametrize(("dev_fault", "v1_fault"), FAILING_CANDIDATES)
+def test_failing_candidates_never_fail_a_caller(sb, flow_env, dev_fault, v1_fault):
     service = unique("flt-busy")
     first = completed(promote(TINY, service))
     stop = threading.Event()
@@ -578,16 +624,16 @@ def test_failing_candidates_never_fail_a_caller(sb, flow_env):
     for caller in callers:
         caller.start()
     try:
-        sb.run("POST", "/faults", json={"service": service, "faults": {"crash_at_start": "CUDA error: out of memory"}})
-        crashed = promote(TINY, service, revision="dev")
-        sb.run("POST", "/faults", json={"service": service, "faults": {"completions_status": 500}})
-        refused = promote(TINY, service, revision="v1.0")
+        failed = []
+        for revision, (faults, _) in (("dev", dev_fault), ("v1.0", v1_fault)):
+            sb.run("POST", "/faults", json={"service": service, "faults": faults})
+            failed.append(promote(TINY, service, revision=revision))
     finally:
         stop.set()
         for caller in callers:
             caller.join()
-    assert crashed.is_failed() and "did not become ready" in crashed.message
-    assert refused.is_failed() and "chat completion answered HTTP 500" in refused.message
+    for state, (_, expected) in zip(failed, (dev_fault, v1_fault), strict=True):
+        assert state.is_failed() and expected in state.message, state.message
     assert failures == []
     assert len(seen) >= 20 and set(seen) == {first.serving_revision}
     assert traffic(flow_env, service) == [(first.serving_revision, 100, "")]
