@@ -15,12 +15,13 @@ from prefect.events import emit_event
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import ValidationError
 
+from blocks.images import ImageBuild
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 
 LOCK_LEASE_S = 60  # the server accepts no shorter lease
 SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_block", "hub_endpoint",
-             "allow_patterns", "ignore_patterns", "image", "load_mode", "warm_hours_per_week"}  # fmt: skip
+             "allow_patterns", "ignore_patterns", "image", "build", "load_mode", "warm_hours_per_week"}  # fmt: skip
 
 
 def _invalid_block(kind: str, field: str, name: str, exc: Exception) -> ValueError | None:
@@ -45,11 +46,18 @@ def load_target(name: str) -> GcpTarget:
         ) from None
 
 
-def load_profile(name: str, image: str | None = None, load_mode: str | None = None) -> ServingProfile:
-    """A preset (l4, rtx-pro-6000, cpu) or a saved ServingProfile block, with the run's overrides."""
+def load_profile(
+    name: str, image: str | None = None, load_mode: str | None = None, build: dict | ImageBuild | None = None
+) -> ServingProfile:
+    """A preset (l4, rtx-pro-6000, cpu) or a saved ServingProfile block, with the run's overrides: the image
+    strategy (a pinned ``image``, or a ``build``) and the load mode."""
+    if image and build:
+        raise ValueError("image and build: give one image strategy, a pinned image or how to build one, not both")
     overrides: dict = {}
     if image:
         overrides.update({"image": image, "build": None})
+    if build:
+        overrides.update({"image": None, "build": build})
     if load_mode:
         overrides["load_mode"] = load_mode
     if name in PRESETS:

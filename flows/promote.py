@@ -132,6 +132,7 @@ def promote_model(
     target: str | None = None,
     service: str | None = None,
     image: str | None = None,
+    build: ImageBuild | None = None,
     load_mode: str | None = None,
     token_secret_block: str | None = None,
     hub_endpoint: str | None = None,
@@ -146,7 +147,9 @@ def promote_model(
 
     Stages the weights in the target's bucket, ensures the infrastructure, pins or builds the image, deploys a
     `candidate` revision with no traffic, verifies it (health, models, a chat completion), then moves all
-    traffic to it. On failure traffic stays where it was. `dry_run` stops after preflight and rendering and
+    traffic to it. On failure traffic stays where it was. The image strategy is the profile's unless the run
+    gives one: `image` (a pinned prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a
+    recipe, with the OOM ladder). `dry_run` stops after preflight and rendering and
     shows the plan, the gcloud equivalent and the Cloud Build YAML. `spec_file` (a file in deployments/)
     supplies any parameter not given; without either, revision is main, profile l4, target sandbox.
     """
@@ -162,8 +165,9 @@ def promote_model(
         region=gcp.region,
     )  # fmt: skip
     try:
-        serving = load_profile(profile or spec.get("profile", "l4"), image or spec.get("image"),
-                               load_mode or spec.get("load_mode"))  # fmt: skip
+        # The image strategy given to the run replaces the spec file's as a whole: a pinned image, or a build.
+        image, build = (image, build) if image or build else (spec.get("image"), spec.get("build"))
+        serving = load_profile(profile or spec.get("profile", "l4"), image, load_mode or spec.get("load_mode"), build)
         warm_hours = float(spec.get("warm_hours_per_week", 55) if warm_hours_per_week is None else warm_hours_per_week)
         if not 0 <= warm_hours <= 168:
             raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")

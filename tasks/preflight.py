@@ -34,6 +34,7 @@ SERVICE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 RUNTIME_MEMORY_GIB = 4  # Python, CUDA context and the server, besides the weights, when they sit in RAM
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2}
 KV_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+ONLINE_QUANT_BYTES = {"fp8": 1.0, "bitsandbytes": 0.5}  # bytes per parameter when vLLM quantizes while loading
 MEMORY_BACKED = ("/tmp", "/dev/shm")
 
 
@@ -257,13 +258,26 @@ def kv_bytes_per_token(config: dict, kv_cache_dtype: str, dtype: str) -> int | N
     return 2 * layers * kv_heads * head_dim * element
 
 
+def loaded_weight_bytes(profile: ServingProfile, facts: ModelFacts) -> float:
+    """GPU bytes the weights take once loaded: the staged bytes, rescaled from the checkpoint's dtype (config.json
+    torch_dtype, 16-bit when unknown) to the served one, or to a quantization vLLM applies while loading. A
+    checkpoint quantized already (a quantization_config in config.json: AWQ, GPTQ, ...) loads at its size."""
+    config = facts.config or {}
+    if config.get("quantization_config"):
+        return facts.weights_bytes
+    stored = DTYPE_BYTES.get(str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"), 2)
+    opts = profile.vllm
+    served = ONLINE_QUANT_BYTES.get(opts.quantization or "")
+    if served is None:
+        served = min(stored, 2) if opts.dtype == "auto" else DTYPE_BYTES.get(opts.dtype, 2)  # auto: fp32 -> 16-bit
+    return facts.weights_bytes / stored * served
+
+
 def check_model(profile: ServingProfile, facts: ModelFacts) -> list[Finding]:
     """Checks that need the model's size and config."""
     findings: list[Finding] = []
     opts = profile.vllm
-    weights = facts.weights_bytes
-    if opts.dtype in ("float32", "float") and not opts.quantization:
-        weights *= 2  # a 16-bit checkpoint loaded in fp32 doubles
+    weights = loaded_weight_bytes(profile, facts)
     gib = 2**30
     cache = _arg_value(opts.extra_args, "--download-dir") or profile.env.get("HF_HOME")
     if (
@@ -301,7 +315,9 @@ def check_model(profile: ServingProfile, facts: ModelFacts) -> list[Finding]:
         findings.append(
             _error(
                 "gpu_type",
-                f"the weights need {weights / 1e9:.1f} GB at dtype {opts.dtype} but {profile.gpu_type} offers "
+                f"the weights need {weights / 1e9:.1f} GB at dtype {opts.dtype}"
+                + (f" with {opts.quantization}" if opts.quantization else "")
+                + f" but {profile.gpu_type} offers "
                 f"{gpu_bytes / 1e9:.1f} GB at gpu_memory_utilization {opts.gpu_memory_utilization}; choose a quantized "
                 "model or a bigger GPU",
             )

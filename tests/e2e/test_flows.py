@@ -155,6 +155,24 @@ def test_a_second_promotion_reuses_the_built_image_and_changes_nothing(sb, flow_
     assert second.outcome == "unchanged" and second.serving_revision == first.serving_revision
 
 
+def test_the_image_strategy_is_a_run_parameter(sb, flow_env, service, tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY . /app\n")
+    (tmp_path / "app.py").write_text(f"print({service!r})\n")
+    build = {"source_dir": str(tmp_path), "image_name": service}
+    built = promote(service, build=build)  # the l4 preset pins an image; this run builds one instead
+    assert built.outcome == "promoted" and [a.status for a in built.image.attempts] == ["SUCCESS"]
+    revision = clients.run_revisions(flow_env).get_revision(
+        name=f"{flow_env.location_path}/services/{service}/revisions/{built.serving_revision}"
+    )
+    assert revision.containers[0].image == built.image.image and f"/{service}@sha256:" in built.image.image
+    pinned = promote(service, image=ServingProfile.preset("l4").image)  # and back to the pinned image
+    assert pinned.outcome == "promoted" and pinned.image.attempts == []
+    since = sb.last_request_seq()
+    with pytest.raises(ValueError, match="image and build: give one image strategy"):
+        promote(service, image=ServingProfile.preset("l4").image, build=build)
+    assert [r for r in sb.requests("control", since=since) if r["method"] in WRITES] == []
+
+
 def test_a_runtime_token_reaches_the_service_only_through_secret_manager(sb, flow_env, service):
     ServingProfile.preset("l4", hf_token_at_runtime=True).save("e2e-runtime-token", overwrite=True)
     report = promote(service, profile="e2e-runtime-token")

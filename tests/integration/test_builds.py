@@ -134,6 +134,50 @@ def test_internal_error_twice_then_success(sb, target, tmp_path):
     assert [a.status for a in result.attempts] == ["INTERNAL_ERROR", "INTERNAL_ERROR", "SUCCESS"]
 
 
+def forced_outcomes(sb, *outcomes: str) -> None:
+    sb.admin.post("/cloudbuild/outcomes", json={"outcomes": list(outcomes)}).raise_for_status()
+
+
+def submitted_jobs(sb, build_ids: list[str]) -> list[str]:
+    """The max-jobs tag of each build as Cloud Build received it, in the order given."""
+    builds = {b["id"]: b["build"] for b in sb.admin.get("/cloudbuild/state").json()["builds"]}
+    return [next(t for t in builds[i]["tags"] if t.startswith("max-jobs-")) for i in build_ids]
+
+
+def test_a_failure_with_the_compiler_killed_halves_max_jobs_and_the_next_attempt_succeeds(sb, target, tmp_path):
+    forced_outcomes(sb, "OOM_KILLED")  # FAILURE, not INTERNAL_ERROR: the RUN fails after cc1plus is OOM-killed
+    try:
+        since = sb.last_request_seq()
+        build = ImageBuild(source_dir=str(folder(tmp_path, "FROM python:3.12\n")), image_name="killed")
+        result = build_image(target, build)
+    finally:
+        sb.admin.delete("/cloudbuild/outcomes").raise_for_status()
+    assert [(a.max_jobs, a.status) for a in result.attempts] == [(32, "FAILURE"), (16, "SUCCESS")]
+    assert build_posts(sb, since) == 2
+    assert submitted_jobs(sb, [a.build_id for a in result.attempts]) == ["max-jobs-32", "max-jobs-16"]
+    killed_log = sb.admin.get(f"/cloudbuild/logs/{result.attempts[0].build_id}").text
+    assert "Killed signal terminated program cc1plus" in killed_log and "exit code: 137" in killed_log
+    assert result.image.startswith(
+        f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}/killed@sha256:"
+    )
+
+
+def test_a_failure_without_a_kill_marker_is_not_retried(sb, target, tmp_path):
+    forced_outcomes(sb, "FAILURE")  # the next build fails with no kill in its log
+    try:
+        since = sb.last_request_seq()
+        # Left alone this build would only run out of memory at 32 and 16 jobs; a plain failure must not climb.
+        build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="plain-failure")
+        with pytest.raises(ImageBuildError) as caught:
+            build_image(target, build)
+    finally:
+        sb.admin.delete("/cloudbuild/outcomes").raise_for_status()
+    message = str(caught.value)
+    assert "ended FAILURE" in message and "ran out of memory" not in message
+    assert "log: https://console.cloud.google.com/cloud-build/builds;region=" in message
+    assert build_posts(sb, since) == 1
+
+
 def test_content_tag_of_a_folder_build_is_stable(tmp_path):
     build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="stable")
     from tasks.builds import source_digest

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
 import pytest
 from google.cloud import run_v2
 from pydantic import SecretStr
 
 from blocks import GcpTarget, ModelSource, ServingProfile
+from blocks.target import ApiEndpoints
 from tasks import clients
+
+ROOT = Path(__file__).resolve().parents[2]
+# `python -m flows.bootstrap ARGS` with an audit hook that records every host the process resolves or connects to.
+RUN_WATCHING_THE_NETWORK = """
+import atexit, json, runpy, sys
+reached = []
+def hook(event, args):
+    if event == "socket.connect" and isinstance(args[1], tuple):
+        reached.append([str(args[1][0]), args[1][1]])
+    elif event == "socket.getaddrinfo":
+        reached.append([str(args[0]), args[1]])
+sys.addaudithook(hook)
+report, sys.argv = sys.argv[1], ["flows.bootstrap", *sys.argv[2:]]
+atexit.register(lambda: open(report, "w").write(json.dumps(reached)))
+runpy.run_module("flows.bootstrap", run_name="__main__", alter_sys=True)
+"""
 
 
 def test_storage_client_from_the_target_reaches_the_emulator(sandbox_target):
@@ -73,3 +97,37 @@ def test_blocks_save_and_load_and_token_comes_from_a_secret_block(prefect_api, s
 def test_run_v2_is_the_rest_transport(sandbox_target):
     assert clients.run_services(sandbox_target).transport.kind == "rest"
     assert isinstance(clients.run_revisions(sandbox_target), run_v2.RevisionsClient)
+
+
+@pytest.mark.prefect
+def test_bootstrap_for_a_real_project_saves_a_target_with_googles_endpoints(prefect_api, tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
+    api_url = PREFECT_API_URL.value()
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN" and not k.startswith("GOOGLE_")}
+    env |= {
+        "PREFECT_API_URL": api_url,
+        "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "absent.json"),  # an ADC lookup would fail, not go out
+        "GCE_METADATA_HOST": "127.0.0.1:9",
+        "GCE_METADATA_IP": "127.0.0.1:9",
+    }
+    reached_file = tmp_path / "reached.json"
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_WATCHING_THE_NETWORK, str(reached_file), "gcp", "--project", "acme-ml-prod",
+         "--region", "europe-west4", "--name", "bootstrap-real", "--invoker", "group:ml-apps@example.com"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "saved GcpTarget 'bootstrap-real' (acme-ml-prod/europe-west4" in done.stdout
+    server = urlsplit(api_url)
+    reached = {(host, int(port)) for host, port in json.loads(reached_file.read_text())}
+    assert reached and reached <= {(server.hostname, server.port), ("localhost", server.port)}, reached
+
+    loaded = GcpTarget.load("bootstrap-real")
+    assert (loaded.project, loaded.region) == ("acme-ml-prod", "europe-west4")
+    assert loaded.endpoints is None and all(
+        clients.client_options(loaded, api) is None for api in ApiEndpoints.model_fields
+    )
+    assert loaded.anonymous_credentials is False and loaded.gcp_credentials is None
+    assert loaded.bucket_name == "acme-ml-prod-europe-west4-hf-model-cache"
+    assert loaded.invokers == ["group:ml-apps@example.com"]

@@ -130,6 +130,23 @@ def test_weights_larger_than_the_gpu_are_an_error():
     assert errors_and_warnings(fp32)[0] == ["gpu_type"]  # a 16-bit checkpoint doubles in fp32
 
 
+@pytest.mark.parametrize(
+    ("vllm", "config", "fits"),
+    [
+        ({}, {"torch_dtype": "bfloat16"}, False),  # 30 GB of bf16 on a 21.6 GB budget
+        ({"quantization": "fp8"}, {"torch_dtype": "bfloat16"}, True),  # quantized while loading: 15 GB
+        ({}, {"torch_dtype": "float32"}, True),  # an fp32 checkpoint served in 16 bits: 15 GB
+        ({"dtype": "float32"}, {"torch_dtype": "float32"}, False),  # ...unless fp32 is asked for
+        ({"quantization": "awq"}, {"torch_dtype": "float16", "quantization_config": {"quant_method": "awq"}}, False),
+    ],
+    ids=["bf16", "bf16-fp8-online", "fp32-auto", "fp32-float32", "awq-prequantized"],
+)
+def test_weights_are_sized_at_the_served_dtype_and_quantization(vllm, config, fits):
+    profile = ServingProfile.preset("l4", vllm={**vllm, "max_model_len": None})
+    findings = check_model(profile, ModelFacts(weights_bytes=30 * 10**9, config=config))
+    assert (errors_and_warnings(findings)[0] == []) is fits, findings
+
+
 def test_kv_cache_budget_from_the_models_config():
     facts = ModelFacts(weights_bytes=16 * 10**9, config=LLAMA_8B)  # 8B in bf16 on an L4
     too_long = check_model(ServingProfile.preset("l4", vllm={"max_model_len": 65536}), facts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
 import yaml
 
 from blocks import GcpTarget, ImageBuild, ModelSource, ServingProfile
@@ -165,3 +166,85 @@ def test_service_yaml_is_knative_with_the_gpu_and_volume():
     assert template["spec"]["nodeSelector"] == {"run.googleapis.com/accelerator": "nvidia-l4"}
     assert template["spec"]["volumes"][0]["csi"]["driver"] == "gcsfuse.run.googleapis.com"
     assert template["metadata"]["name"] == "svc-rev"
+
+
+def option(args: list[str], flag: str) -> str | bool | None:
+    """What the user sees for one `vllm serve` flag: its value, True for a bare switch, None when absent."""
+    assert args.count(flag) <= 1, f"{flag} rendered more than once: {args}"
+    if flag not in args:
+        return None
+    following = args[args.index(flag) + 1 :]
+    return following[0] if following and not following[0].startswith("--") else True
+
+
+CUSTOM_VLLM = {
+    "dtype": "float16",
+    "max_model_len": 32768,
+    "max_num_seqs": 16,
+    "gpu_memory_utilization": 0.85,
+    "quantization": "awq",
+    "kv_cache_dtype": "fp8_e4m3",
+    "tool_call_parser": "hermes",
+    "reasoning_parser": "deepseek_r1",
+    "enable_auto_tool_choice": True,
+    "extra_args": ["--limit-mm-per-prompt", '{"image":4}', "--trust-remote-code"],
+}
+TEAM_TARGET = GcpTarget(project="acme-ml-prod", region="us-central1", labels={"team": "ml", "env": "prod"})
+GEMMA_LABELS = {"hf-model": "google-gemma-4-e2b-it", "hf-commit": SHA[:12]}
+RENDER_CASES = {
+    # case: (profile, target, labels, timeout s, volume mount options, flags as the user sees them, argv tail)
+    "l4-preset": (
+        ServingProfile.preset("l4"),
+        TARGET,
+        {"managed-by": "hf-cloudrun-pipeline", **GEMMA_LABELS},
+        600,
+        ["only-dir=model-cache", "enable-buffered-read=true"],
+        {
+            "--dtype": "bfloat16", "--max-model-len": "8192", "--max-num-seqs": "64",
+            "--gpu-memory-utilization": "0.9", "--quantization": None, "--kv-cache-dtype": None,
+            "--tool-call-parser": None, "--reasoning-parser": None, "--enable-auto-tool-choice": None,
+        },
+        ["--enforce-eager", "--enable-prefix-caching", "--enable-chunked-prefill"],
+    ),
+    "custom-vllm": (
+        ServingProfile.preset("l4", request_timeout_seconds=1800, vllm=CUSTOM_VLLM),
+        TEAM_TARGET,
+        {"team": "ml", "env": "prod", **GEMMA_LABELS},
+        1800,
+        ["only-dir=model-cache", "enable-buffered-read=true"],
+        {
+            "--dtype": "float16", "--max-model-len": "32768", "--max-num-seqs": "16",
+            "--gpu-memory-utilization": "0.85", "--quantization": "awq", "--kv-cache-dtype": "fp8_e4m3",
+            "--tool-call-parser": "hermes", "--reasoning-parser": "deepseek_r1", "--enable-auto-tool-choice": True,
+        },
+        ["--enable-auto-tool-choice", "--limit-mm-per-prompt", '{"image":4}', "--trust-remote-code"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("profile", "target", "labels", "timeout_s", "mount_options", "flags", "tail"),
+    RENDER_CASES.values(),
+    ids=RENDER_CASES.keys(),
+)
+def test_rendered_labels_timeout_volume_and_vllm_flags(profile, target, labels, timeout_s, mount_options, flags, tail):
+    service = render_service(profile, target, SOURCE, WEIGHTS, profile.image or "", revision="svc-rev")
+    template = service.template
+    assert dict(template.labels) == labels
+    assert dict(service.labels) == labels
+    assert template.timeout.total_seconds() == timeout_s
+    (volume,) = template.volumes
+    assert (volume.gcs.bucket, volume.gcs.read_only, list(volume.gcs.mount_options)) == (
+        target.bucket_name, True, mount_options,
+    )  # fmt: skip
+    args = list(template.containers[0].args)
+    assert args[:2] == ["vllm", "serve"]
+    assert {flag: option(args, flag) for flag in flags} == flags
+    assert args[-len(tail) :] == tail  # extra_args come last, after every rendered flag
+
+
+def test_the_kv_cache_dtype_auto_is_vllms_default_and_not_rendered():
+    args = list(render(ServingProfile.preset("l4", vllm={"kv_cache_dtype": "auto"})).template.containers[0].args)
+    assert option(args, "--kv-cache-dtype") is None
+    args = list(render(ServingProfile.preset("l4", vllm={"kv_cache_dtype": "fp8"})).template.containers[0].args)
+    assert option(args, "--kv-cache-dtype") == "fp8"

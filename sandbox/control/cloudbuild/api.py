@@ -525,7 +525,10 @@ class CloudBuild:
         return JSONResponse(self.settings.model_dump())
 
     async def admin_add_outcomes(self, request: Request) -> JSONResponse:
-        """``{"outcomes": ["INTERNAL_ERROR", ...]}``: the next builds end so ("AUTO": as they would)."""
+        """``{"outcomes": ["INTERNAL_ERROR", ...]}``: the next builds end so ("AUTO": as they would).
+
+        "OOM_KILLED" ends a build FAILURE with its compiler's OOM kill in the log (state.ForcedOutcome).
+        """
         try:
             body = OutcomesRequest.model_validate_json(await request.body() or b"{}")
         except ValidationError as exc:

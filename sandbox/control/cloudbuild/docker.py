@@ -632,6 +632,16 @@ def _oom_output() -> list[str]:
     ]
 
 
+def oom_killed_output() -> list[str]:
+    """A docker build whose compile RUN is OOM-killed and fails (BuildKit output): the forced OOM_KILLED outcome."""
+    message = 'process "/bin/sh -c python3 setup.py bdist_wheel --dist-dir=dist" did not complete successfully'
+    return [
+        "Using MAX_JOBS=32 as the number of jobs.",
+        *_oom_output(),
+        f"ERROR: failed to solve: {message}: exit code: 137",
+    ]
+
+
 def _human(size: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if size >= scale:

@@ -23,6 +23,7 @@ from sandbox.control.cloudbuild.docker import (
     buildkit_enabled,
     is_docker_builder,
     normalize_reference,
+    oom_killed_output,
     parse_build,
     parse_command,
     repository_of,
@@ -187,6 +188,9 @@ class BuildRunner:
             outcome = self._execute(index, step)
             if forced in ("FAILURE", "INTERNAL_ERROR", "TIMEOUT") and index == 0:
                 outcome = StepOutcome(forced, 1 if forced == "FAILURE" else 0, [], self.settings.build_seconds / 2)
+            elif forced == "OOM_KILLED" and index == 0:
+                lines = [*outcome.lines[:1], *oom_killed_output()]  # the greeting, then the killed compile
+                outcome = StepOutcome("FAILURE", 1, lines, self.settings.build_seconds / 2)
             elif forced == "SUCCESS" and outcome.status != "SUCCESS":
                 outcome = self._forced_success(index, step)
             limit = step.timeout.total_seconds() if "timeout" in step else None

@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Status = cb.Build.Status
 FINAL = {Status.SUCCESS, Status.FAILURE, Status.INTERNAL_ERROR, Status.TIMEOUT, Status.CANCELLED, Status.EXPIRED}
-ForcedOutcome = Literal["SUCCESS", "FAILURE", "INTERNAL_ERROR", "TIMEOUT", "AUTO"]
+# OOM_KILLED: the first step's compiler is OOM-killed and the RUN fails, so the build ends FAILURE (not
+# INTERNAL_ERROR) with the kill in its log ("Killed signal terminated program cc1plus", "exit code: 137").
+ForcedOutcome = Literal["SUCCESS", "FAILURE", "INTERNAL_ERROR", "TIMEOUT", "OOM_KILLED", "AUTO"]
 
 
 class BuildSettings(BaseModel):
