@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from prefect.client.orchestration import get_client
@@ -13,15 +14,16 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.events import emit_event
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from blocks.images import ImageBuild
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 
+M = TypeVar("M", bound=BaseModel)
 LOCK_LEASE_S = 60  # the server accepts no shorter lease
 SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_block", "hub_endpoint",
-             "allow_patterns", "ignore_patterns", "image", "build", "load_mode", "warm_hours_per_week"}  # fmt: skip
+             "allow_patterns", "ignore_patterns", "image", "build", "load_mode", "schedule"}  # fmt: skip
 
 
 def _invalid_block(kind: str, field: str, name: str, exc: Exception) -> ValueError | None:
@@ -31,6 +33,16 @@ def _invalid_block(kind: str, field: str, name: str, exc: Exception) -> ValueErr
         problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in cause.errors(include_input=False))
         return ValueError(f"{field}: the saved {kind} block '{name}' is not valid: {problems}. Fix it in the UI")
     return None
+
+
+def validated(model: type[M], data: dict) -> M:
+    """``model`` from ``data``, or a ValueError whose message is the models' own (they name the field and the fix)
+    without pydantic's framing or the input (it may hold a pasted token)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors(include_input=False))
+        raise ValueError(problems) from None
 
 
 def load_target(name: str) -> GcpTarget:

@@ -13,13 +13,12 @@ import httpx
 from google.cloud import run_v2
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
-from pydantic import ValidationError
 
 from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
-from flows.common import emit, load_profile, load_target, read_spec, service_lock
+from flows.common import emit, load_profile, load_target, read_spec, service_lock, validated
 from tasks import access, clients, infra
 from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.cloudrun import (
@@ -40,6 +39,7 @@ from tasks.probe import VerifyOptions
 from tasks.progress import artifact_key
 from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
 from tasks.report import PromotionReport
+from tasks.schedules import WarmHours
 from tasks.selection import select_files
 from tasks.staging import StagingOptions, commit_prefix, hf_stage_model
 
@@ -168,18 +168,23 @@ def promote_model(
         # The image strategy given to the run replaces the spec file's as a whole: a pinned image, or a build.
         image, build = (image, build) if image or build else (spec.get("image"), spec.get("build"))
         serving = load_profile(profile or spec.get("profile", "l4"), image, load_mode or spec.get("load_mode"), build)
-        warm_hours = float(spec.get("warm_hours_per_week", 55) if warm_hours_per_week is None else warm_hours_per_week)
+        # Priced under the schedule the model file gives its scale-service deployment (defaults: 08-19 Mon-Fri).
+        warm_hours = (
+            validated(WarmHours, spec.get("schedule") or {}).hours_per_week
+            if warm_hours_per_week is None
+            else float(warm_hours_per_week)
+        )
         if not 0 <= warm_hours <= 168:
             raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")
         report.cost = estimate(serving, warm_hours)
-        source = _model_source(
-            repo_id=model,
-            revision=report.revision,
-            allow_patterns=allow_patterns or spec.get("allow_patterns"),
-            ignore_patterns=ignore_patterns or spec.get("ignore_patterns"),
-            token_secret_block=token_secret_block or spec.get("token_secret_block"),
-            hub_endpoint=hub_endpoint or spec.get("hub_endpoint"),
-        )
+        source = validated(ModelSource, {
+            "repo_id": model,
+            "revision": report.revision,
+            "allow_patterns": allow_patterns or spec.get("allow_patterns"),
+            "ignore_patterns": ignore_patterns or spec.get("ignore_patterns"),
+            "token_secret_block": token_secret_block or spec.get("token_secret_block"),
+            "hub_endpoint": hub_endpoint or spec.get("hub_endpoint"),
+        })  # fmt: skip
         _promote(report, gcp, serving, source, service_id, verify, dry_run)
     except Exception as exc:
         report.outcome = "failed"
@@ -189,15 +194,6 @@ def promote_model(
         raise
     _publish(report, gcp, service_id)
     return report
-
-
-def _model_source(**values) -> ModelSource:
-    """The ModelSource, with errors that name the field but never echo the value (it may be a pasted token)."""
-    try:
-        return ModelSource(**values)
-    except ValidationError as exc:
-        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors(include_input=False))
-        raise ValueError(problems) from None
 
 
 def _promote(

@@ -93,7 +93,7 @@ def test_schedules_are_stored_with_cron_time_zone_and_parameters(server):
     with client(server) as api:
         deployment = api.read_deployment_by_name("scale-service/tiny-chat-hours")
     schedules = {s.slug: s for s in deployment.schedules}
-    assert set(schedules) == {"tiny-chat-scale-up", "tiny-chat-scale-down-evening", "tiny-chat-scale-down-weekend"}
+    assert set(schedules) == {"tiny-chat-scale-up", "tiny-chat-scale-down-evening", "tiny-chat-scale-down-off-days"}
     up = schedules["tiny-chat-scale-up"]
     assert (up.schedule.cron, up.schedule.timezone, up.parameters) == (
         "0 8 * * 1-5",

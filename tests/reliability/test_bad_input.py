@@ -17,12 +17,12 @@ import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import BlockDocumentUpdate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.client.schemas.schedules import CronSchedule
 from prefect.client.schemas.sorting import ArtifactSort
 
 from blocks import GcpTarget, ImageBuild, ServingProfile, VllmOptions
 from flows.promote import promote_model
 from flows.scale import scale_service
+from flows.sync_deployments import model_deployments
 from flows.teardown import teardown
 from tasks import clients
 from tasks.probe import VerifyOptions
@@ -471,23 +471,22 @@ def test_vllm_options_and_image_build_alone(sb):
     )
 
 
-# Schedules, as prefect.yaml entries become Prefect schedules --------------------------------------------------
-def scale_up_entry() -> dict:
-    config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    hours = next(d for d in config["deployments"] if d["name"] == "tiny-chat-hours")
-    return dict(hours["schedules"][0])  # the time zone merged in from definitions.schedule_zone
-
-
+# Business hours, as a model file in deployments/ states them ------------------------------------------------
 @pytest.mark.parametrize(
-    ("change", "field", "detail"),
+    ("schedule", "field", "fix"),
     [
-        pytest.param({"cron": "0 8 * * Mon-Fry"}, "cron", "Mon-Fry", id="cron-typo"),
-        pytest.param({"cron": "0 25 * * 1-5"}, "cron", "0 25 * * 1-5", id="cron-hour-25"),
-        pytest.param({"cron": "8:00 weekdays"}, "cron", "8:00 weekdays", id="cron-prose"),
-        pytest.param({"timezone": "CEST"}, "timezone", "IANA", id="tz-abbreviation"),
-        pytest.param({"timezone": "Europe/Berlinn"}, "timezone", "IANA", id="tz-typo"),
+        pytest.param({"days": "Mon-Fry"}, "schedule.days", "write e.g. mon-fri", id="days-typo"),
+        pytest.param({"warm_from": "25:00"}, "schedule.warm_from", "write HH:MM", id="hour-25"),
+        pytest.param({"warm_from": "8am weekdays"}, "schedule.warm_from", "write HH:MM", id="prose"),
+        pytest.param({"warm_until": "07:00"}, "schedule.warm_until", "after warm_from", id="until-before-from"),
+        pytest.param({"timezone": "CEST"}, "schedule.timezone", "Europe/Berlin", id="tz-abbreviation"),
+        pytest.param({"timezone": "Europe/Berlinn"}, "schedule.timezone", "IANA", id="tz-typo"),
     ],
 )
-def test_schedule_entry(sb, change, field, detail):
-    entry = {**scale_up_entry(), **change}
-    fails_cleanly(sb, lambda: CronSchedule(cron=entry["cron"], timezone=entry["timezone"]), field, detail)
+def test_business_hours_in_a_model_file(sb, flow_env, tmp_path, schedule, field, fix):
+    spec = yaml.safe_load((ROOT / "deployments" / "tiny-chat.yaml").read_text())
+    spec["schedule"] = {**spec["schedule"], **schedule}
+    path = tmp_path / "chat.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    fails_cleanly(sb, lambda: promote(spec_file=str(path), model=None), field, fix)  # the promotion prices by them
+    fails_cleanly(sb, lambda: model_deployments(path, relative_to=tmp_path), field, fix)  # and prefect.yaml has them

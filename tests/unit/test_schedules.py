@@ -1,0 +1,94 @@
+"""Business hours from a model file: the scale schedules, warm hours and prefect.yaml entries they give."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from flows.sync_deployments import ROOT, generated_block, model_deployments, synced
+from tasks.schedules import WarmHours, parse_days
+
+
+@pytest.mark.parametrize(
+    ("days", "numbers"),
+    [("mon-fri", [1, 2, 3, 4, 5]), ("1-5", [1, 2, 3, 4, 5]), ("mon,wed,fri", [1, 3, 5]), ("sat-sun", [0, 6]),
+     ("fri-mon", [0, 1, 5, 6]), ("7", [0]), ("Mon-Thu, Sat", [1, 2, 3, 4, 6])],
+)  # fmt: skip
+def test_days_are_read_as_cron_reads_them(days, numbers):
+    assert parse_days(days) == numbers
+
+
+def test_default_business_hours_give_the_three_schedules_and_55_warm_hours():
+    hours = WarmHours()
+    assert [(s.slug, s.cron, s.timezone, s.min_instances) for s in hours.schedules("chat")] == [
+        ("chat-scale-up", "0 8 * * 1-5", "Europe/Berlin", 1),
+        ("chat-scale-down-evening", "0 19 * * 1-5", "Europe/Berlin", 0),
+        ("chat-scale-down-off-days", "0 8 * * 0,6", "Europe/Berlin", 0),
+    ]
+    assert hours.hours_per_week == 55
+
+
+def test_other_hours_days_and_zone():
+    hours = WarmHours(warm_from="07:30", warm_until="22:15", days="mon-sat", timezone="America/New_York")
+    assert [s.cron for s in hours.schedules("x")] == ["30 7 * * 1-6", "15 22 * * 1-6", "30 7 * * 0"]
+    assert hours.hours_per_week == 88.5
+    every_day = WarmHours(days="sun-sat")
+    assert [s.slug for s in every_day.schedules("x")] == ["x-scale-up", "x-scale-down-evening"]  # no off days
+
+
+def test_times_yaml_reads_as_numbers_are_still_times():
+    spec = yaml.safe_load("warm_from: 08:00\nwarm_until: 19:00\n")  # 19:00 unquoted is sexagesimal 1140 to YAML
+    assert spec["warm_until"] == 1140
+    assert WarmHours.model_validate(spec).schedules("x")[1].cron == "0 19 * * 1-5"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "field", "fix"),
+    [
+        ({"warm_from": "8am"}, "schedule.warm_from", "write HH:MM"),
+        ({"warm_until": "24:00"}, "schedule.warm_until", "write HH:MM"),
+        ({"warm_from": "19:00", "warm_until": "08:00"}, "schedule.warm_until (08:00) must be after", "min_instances"),
+        ({"days": "weekdays"}, "schedule.days", "mon-fri"),
+        ({"days": "mon-fry"}, "schedule.days", "mon-fri"),
+        ({"timezone": "CEST"}, "schedule.timezone", "Europe/Berlin"),
+        ({"timezone": "Europe/Berlinn"}, "schedule.timezone", "IANA"),
+    ],
+)
+def test_bad_business_hours_name_the_field_and_the_fix(schedule, field, fix):
+    with pytest.raises(ValidationError) as caught:
+        WarmHours.model_validate(schedule)
+    assert field in str(caught.value) and fix in str(caught.value)
+
+
+def test_prefect_yaml_is_in_step_with_the_model_files():
+    current = (ROOT / "prefect.yaml").read_text()
+    assert synced(current, generated_block()) == current, "run `python -m flows.sync_deployments`"
+    deployments = {d["name"]: d for d in yaml.safe_load(current)["deployments"]}
+    assert deployments["tiny-chat"]["parameters"] == {"spec_file": "deployments/tiny-chat.yaml"}
+    assert [s["cron"] for s in deployments["tiny-chat-hours"]["schedules"]] == [
+        "0 8 * * 1-5",
+        "0 19 * * 1-5",
+        "0 8 * * 0,6",
+    ]
+
+
+def test_a_new_model_file_gets_its_deployments(tmp_path):
+    folder = tmp_path / "deployments"
+    folder.mkdir()
+    (folder / "gemma.yaml").write_text(
+        "model: google/gemma-4-E2B-it\nprofile: l4\ntarget: production\n"
+        "schedule: {warm_from: '06:00', warm_until: '18:00', days: mon-fri, timezone: America/Chicago}\n"
+    )
+    entries = yaml.safe_load(model_deployments(folder / "gemma.yaml", relative_to=tmp_path).replace("*local_pool", "x"))
+    promote, hours = entries
+    assert promote["parameters"] == {"spec_file": "deployments/gemma.yaml"}
+    assert hours["parameters"] == {"service": "google-gemma-4-e2b-it", "target": "production", "min_instances": 0}
+    first = hours["schedules"][0]
+    assert (first["cron"], first["timezone"]) == ("0 6 * * 1-5", "America/Chicago")
+
+
+def test_a_model_file_with_bad_hours_is_named(tmp_path):
+    (tmp_path / "chat.yaml").write_text("model: a/b\nschedule: {timezone: CEST}\n")
+    with pytest.raises(ValueError, match=r"chat\.yaml: schedule\.timezone: 'CEST' is not an IANA time zone"):
+        model_deployments(tmp_path / "chat.yaml", relative_to=tmp_path)
