@@ -1,0 +1,27 @@
+"""The README's main job, as a user starts it: `python -m sandbox demo` (what `make demo` runs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_demo_promotes_answers_repromotes_as_a_no_op_and_refuses_the_generic_image(tmp_path):
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    for inherited in ("PREFECT_API_URL", "HF_ENDPOINT"):  # its own sandbox and its own Prefect, like a user's
+        env.pop(inherited, None)
+    command = [sys.executable, "-m", "sandbox", "demo", "--state-dir", str(tmp_path / "sandbox")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert re.search(r"promoted: revision tiny-chat-\w{7}-\w{6} serves \[\('tiny-chat-\w{7}-\w{6}', 100\)\]", out)
+    assert "without a token: HTTP 403" in out
+    assert re.search(r"answer: '.+' \(\d+ tokens\)", out)
+    assert "unchanged in" in out and "(no-op: True)" in out
+    assert "refused before any cloud call" in out and "vllm/vllm-openai" in out
+    assert (tmp_path / "prefect-home").is_dir()  # the run history `make ui` shows
