@@ -132,6 +132,19 @@ def test_gated_repo_with_a_token_that_lacks_access_fails_at_once(sb, target):
     assert list(clients.storage(target).list_blobs(target.bucket_name)) == []
 
 
+def test_private_repo_without_a_token_is_named_with_the_fix_and_stages_with_one(sb, target):
+    repo_id = f"stage/private-{next(_ids)}"
+    sb.hub("POST", "/repos", json={"repo_id": repo_id, "private": True, "weight_bytes": 1_000_000, "shards": 1})
+    since = sb.last_request_seq()
+    with pytest.raises(HubNotFound) as caught:  # the Hub answers as for a missing repo: it does not say "private"
+        stage_model(target, source(sb, repo_id), None)
+    assert f"repo {repo_id} not found" in str(caught.value) and "or it is private" in str(caught.value)
+    assert "token_secret_block" in str(caught.value)
+    assert not [r for r in sb.requests("hub", since=since) if "/resolve/" in r["path"]]  # nothing downloaded
+    assert list(clients.storage(target).list_blobs(target.bucket_name, prefix=f"{target.model_prefix}/{repo_id}")) == []
+    assert stage_model(target, source(sb, repo_id), token(sb)).files_uploaded > 0
+
+
 def test_gated_repo_with_the_right_token_stages(sb, target):
     assert stage_model(target, source(sb, "sandbox/gated-chat"), token(sb)).files_uploaded > 0
 
