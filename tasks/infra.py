@@ -2,7 +2,8 @@
 
 Each step reads first and writes only what is missing or wrong, so a second run makes no write call (the
 codelab in seed 004 does the same by hand with gcloud). Each returns an EnsureResult saying whether it
-created, found or repaired the resource. A create that loses a race (409) reads again and reports "found".
+created, found or repaired the resource. A create that loses a race (409) reads the winner's resource and checks
+it as it would a found one (the service account has nothing to check: it reports "found").
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def ensure_artifact_registry(target: GcpTarget) -> EnsureResult:
                 )
                 wait_for(operation, clients.operation_polling(target))
             except gexc.Conflict:
-                return EnsureResult(kind="artifact-registry", name=name, action="found")
+                return ensure_artifact_registry(target)  # a concurrent run created it: check it as found
             return EnsureResult(kind="artifact-registry", name=name, action="created")
         if repository.format_ != artifactregistry_v1.Repository.Format.DOCKER:
             raise InfraError(
@@ -182,7 +183,7 @@ def ensure_network(target: GcpTarget) -> EnsureResult:
             try:
                 operation = networks.insert_unary(project=target.project, network_resource=resource, retry=GCP_RETRY)
             except gexc.Conflict:
-                return EnsureResult(kind="network", name=name, action="found")
+                return ensure_network(target)  # a concurrent run created it: check it as found
             wait_global_operation(target, operation, f"creating network {target.network}")
             return EnsureResult(kind="network", name=name, action="created")
         if network.auto_create_subnetworks:
@@ -244,7 +245,7 @@ def _create_subnet(target: GcpTarget, subnetworks, name: str, network_link: str)
             project=target.project, region=target.region, subnetwork_resource=resource, retry=GCP_RETRY
         )
     except gexc.Conflict:
-        return EnsureResult(kind="subnet", name=name, action="found")
+        return ensure_subnet(target)  # a concurrent run created it: check its range and access as found
     except gexc.BadRequest as exc:
         if "conflicts with" in exc.message:
             raise InfraError(

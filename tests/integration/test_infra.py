@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from google.cloud import compute_v1, run_v2
@@ -175,7 +176,32 @@ def test_creates_that_lose_a_race_report_found(sb, target):
     assert infra.ensure_network(target).action == "found"
     assert infra.ensure_service_account(target).action == "found"
     assert infra.ensure_artifact_registry(target).action == "found"
+    sb.add_fault("control", path="/subnetworks$", method="POST", action="replace", status=409, times=1)
+    since = sb.last_request_seq()
+    assert infra.ensure_subnet(target).action == "found"
     assert all(rule["fired"] == 1 for rule in sb.faults())
+    # the winner's subnet was read back and checked (range, Private Google Access), not taken on trust
+    calls = [(r["method"], r["status"]) for r in sb.requests("control", since=since) if "/subnetworks" in r["path"]]
+    assert calls == [("GET", 404), ("POST", 409), ("GET", 200)]
+    subnet = clients.compute_subnetworks(target).get(
+        project=target.project, region=target.region, subnetwork=target.subnet
+    )
+    assert subnet.ip_cidr_range == target.subnet_range and subnet.private_ip_google_access
+
+
+def test_secret_create_that_loses_a_race_still_stores_the_value(sb, target):
+    # The concurrent creator made the secret but has not added a version yet: the value must still be stored.
+    sb.add_fault("control", path="/secrets$", method="POST", action="replace", status=409, times=1)
+    result = infra.ensure_secret(target, TOKEN)
+    assert (result.action, result.changes) == ("updated", ["new version"])
+    assert [rule["fired"] for rule in sb.faults()] == [1]
+    manager = clients.secret_manager(target)
+    assert len(list(manager.list_secret_versions(parent=infra.secret_path(target)))) == 1
+    latest = manager.access_secret_version(name=f"{infra.secret_path(target)}/versions/latest").payload.data
+    assert latest == TOKEN.get_secret_value().encode()
+    since = sb.last_request_seq()
+    assert infra.ensure_secret(target, TOKEN).action == "found"
+    assert writes_since(sb, since) == []
 
 
 def test_a_stale_etag_restarts_the_read_modify_write(sb, target):
@@ -190,6 +216,31 @@ def test_a_stale_etag_restarts_the_read_modify_write(sb, target):
     assert all(rule["fired"] == 1 for rule in sb.faults())
 
 
+def test_a_stale_etag_restarts_the_service_invokers_read_modify_write(sb, target):
+    infra.ensure_bucket(target)
+    infra.ensure_service_account(target)
+    service_id = f"infra-svc-{next(_ids)}"
+    service = _deploy_private_service(target, service_id)
+    try:
+        aborted = '{"error": {"code": 409, "message": "concurrent policy changes", "status": "ABORTED"}}'
+        sb.add_fault(
+            "control", path=f"/services/{service_id}:setIamPolicy$", method="POST", status=409, times=1, body=aborted
+        )
+        since = sb.last_request_seq()
+        result = access.ensure_service_invokers(target, service_id)
+        assert (result.action, result.changes) == (
+            "updated",
+            ["granted roles/run.invoker to group:ml-apps@example.com"],
+        )
+        assert [rule["fired"] for rule in sb.faults()] == [1]
+        policy_calls = [r["path"].rsplit(":", 1)[1] for r in sb.requests(since=since) if "IamPolicy" in r["path"]]
+        assert policy_calls == ["getIamPolicy", "setIamPolicy", "getIamPolicy", "setIamPolicy"]  # read again
+        bindings = clients.run_services(target).get_iam_policy(request={"resource": service.name}).bindings
+        assert [(b.role, list(b.members)) for b in bindings] == [("roles/run.invoker", ["group:ml-apps@example.com"])]
+    finally:
+        teardown.delete_service(target, service_id)
+
+
 def test_403_names_the_api_to_enable_or_the_role_to_grant(sb, target):
     disabled = (
         '{"error": {"code": 403, "message": "Compute Engine API has not been used in project 123 before or it '
@@ -201,6 +252,88 @@ def test_403_names_the_api_to_enable_or_the_role_to_grant(sb, target):
     sb.add_fault("control", path="/serviceAccounts/", method="GET", status=403, times=1)
     with pytest.raises(InfraError, match=r"grant the identity running this flow roles/iam\.serviceAccountAdmin"):
         infra.ensure_service_account(target)
+
+
+FIRST_CALLS = {
+    # step: (server, path of its first call (a GET), API title, service to enable, role to grant, resource named)
+    "bucket": (
+        "gcs",
+        "^/storage/v1/b/{bucket}$",
+        "Cloud Storage",
+        "storage",
+        "roles/storage.admin",
+        "bucket gs://{bucket}",
+    ),
+    "artifact-registry": (
+        "control",
+        "/repositories/{repo}$",
+        "Artifact Registry",
+        "artifactregistry",
+        "roles/artifactregistry.admin",
+        "repository {repo_path}",
+    ),
+    "subnet": (
+        "control",
+        "/subnetworks/{subnet}$",
+        "Compute Engine",
+        "compute",
+        "roles/compute.networkAdmin",
+        "subnet {subnet}",
+    ),
+    "secret": (
+        "control",
+        "/secrets/{secret}$",
+        "Secret Manager",
+        "secretmanager",
+        "roles/secretmanager.admin",
+        "secret {secret_path}",
+    ),
+}
+ENSURE = {
+    "bucket": infra.ensure_bucket,
+    "artifact-registry": infra.ensure_artifact_registry,
+    "subnet": infra.ensure_subnet,
+    "secret": lambda target: infra.ensure_secret(target, TOKEN),
+}
+
+
+@pytest.mark.parametrize("cause", ["api-disabled", "permission-denied"])
+@pytest.mark.parametrize("step", list(FIRST_CALLS))
+def test_403_on_the_first_call_of_each_step_names_the_fix(sb, target, step, cause):
+    server, path, title, api, role, what = FIRST_CALLS[step]
+    names = {
+        "bucket": target.bucket_name,
+        "repo": target.artifact_repository,
+        "repo_path": infra.repository_path(target),
+        "subnet": target.subnet,
+        "secret": target.hf_token_secret,
+        "secret_path": infra.secret_path(target),
+    }
+    project = target.project
+    if cause == "api-disabled":
+        message = (
+            f"{title} API has not been used in project 123456789012 before or it is disabled. Enable it by visiting "
+            f"https://console.developers.google.com/apis/api/{api}.googleapis.com/overview?project=123456789012 "
+            "then retry."
+        )
+        expected = (
+            f"{what.format(**names)}: the {title} API is not enabled in project {project}; enable it with "
+            f"`gcloud services enable {api}.googleapis.com --project {project}` and run again"
+        )
+    else:
+        message = "The caller does not have permission"
+        expected = (
+            f"{what.format(**names)}: permission denied in project {project}; grant the identity running this flow "
+            f"{role} (or a role that includes it) and run again"
+        )
+    body = json.dumps({"error": {"code": 403, "message": message, "status": "PERMISSION_DENIED"}})
+    sb.add_fault(server, path=path.format(**names), method="GET", status=403, body=body, times=1)
+    since = sb.last_request_seq()
+    with pytest.raises(InfraError) as caught:
+        ENSURE[step](target)
+    assert str(caught.value) == expected
+    assert [rule["fired"] for rule in sb.faults()] == [1]
+    assert writes_since(sb, since) == []
 
 
 def test_429_then_success_is_retried(sb, target):
