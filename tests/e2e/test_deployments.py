@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +18,11 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.exceptions import ObjectNotFound
 
+from blocks import ServingProfile
 from flows.common import LOCK_LEASE_S
 from sandbox.serving import free_port
 from tasks import clients
+from tasks.staging import MANIFEST, commit_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -79,7 +82,7 @@ def client(env: dict[str, str]) -> SyncPrefectClient:
     return SyncPrefectClient(api=env["PREFECT_API_URL"])
 
 
-def test_promote_model_runs_from_its_deployment_and_reports(server):
+def test_promote_model_runs_from_its_deployment_and_reports(server, sandbox, sandbox_target):
     run_deployment(server, "promote-model/tiny-chat", 'verify={"health_period_s": 0.1}')
     with client(server) as api:
         deployment = api.read_deployment_by_name("promote-model/tiny-chat")
@@ -87,6 +90,47 @@ def test_promote_model_runs_from_its_deployment_and_reports(server):
         assert [r.state_name for r in runs] == ["Completed"]
         report = api.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["promotion-tiny-chat"])))
     assert report and "tiny-chat: promoted" in report[0].data and "| verify |" in report[0].data
+    text = report[0].data
+    # The figures a user reads there, each against where it comes from: the Hub, the bucket, Cloud Run, the
+    # profile's price and the model file's schedule.
+    commit = sandbox.hub("GET", "/repos/sandbox/tiny-chat", params={"revision": "main"})["sha"]
+    assert "# sandbox/tiny-chat@main on tiny-chat: promoted" in text
+    assert f"| commit | `{commit}` |" in text
+    prefix = commit_prefix(sandbox_target, "sandbox/tiny-chat", commit)
+    assert f"| weights | gs://{sandbox_target.bucket_name}/{prefix} |" in text
+    bucket = clients.storage(sandbox_target).bucket(sandbox_target.bucket_name)
+    manifest = json.loads(bucket.blob(f"{prefix}/{MANIFEST}").download_as_bytes())
+    staged = re.search(r"\| staged \| (\d+) files / ([\d.]+) MB uploaded, (\d+) files / ([\d.]+) MB already", text)
+    assert staged, text
+    uploaded, uploaded_mb, skipped, skipped_mb = int(staged[1]), float(staged[2]), int(staged[3]), float(staged[4])
+    assert uploaded + skipped == len(manifest["files"]) > 0
+    assert uploaded_mb + skipped_mb == pytest.approx(manifest["total_bytes"] / 1e6, abs=0.11)
+    assert manifest["total_bytes"] > 4_000_000  # the ~4 MiB of weights
+    l4 = ServingProfile.preset("l4")
+    assert f"| image | `{l4.image}` (prebuilt, reused) |" in text
+    service = clients.run_services(sandbox_target).get_service(
+        name=f"{sandbox_target.location_path}/services/tiny-chat"
+    )
+    revision = service.traffic_statuses[0].revision
+    assert revision.startswith(f"tiny-chat-{commit[:7]}-")
+    assert f"| serving revision | {revision} (previous: -) |" in text
+    assert f"| traffic now | {revision} 100 % |" in text
+    assert f"| service URL | {service.uri} |" in text
+    verified = r"\| verification \| healthy after \d+\.\d s, serves sandbox/tiny-chat, reply '.+' \(\d+ tokens\) \|"
+    assert re.search(verified, text), text
+    steps = re.findall(r"^\| ([a-z ]+) \| (\d+\.\d\d) \| (yes|FAILED) \|$", text, re.MULTILINE)
+    assert [name for name, _, _ in steps] == ["preflight", "resolve", "check service", "infrastructure", "stage",
+                                              "image", "render", "deploy candidate", "verify", "promote",
+                                              "invokers"]  # fmt: skip
+    assert {ok for _, _, ok in steps} == {"yes"}
+    assert float({name: s for name, s, _ in steps}["verify"]) > 0  # the probe took time
+    # deployments/tiny-chat.yaml keeps one instance warm 08:00-19:00 Mon-Fri: 55 h a week.
+    hourly = l4.hourly_usd
+    month = 365.25 / 12 / 7
+    assert (
+        f"| cost | ${hourly:.2f}/h per instance; ${hourly * 55 * month:,.0f}/month at 55 warm h/week "
+        f"vs ${hourly * 168 * month:,.0f} always on |"
+    ) in text
 
 
 def test_schedules_are_stored_with_cron_time_zone_and_parameters(server):

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
+from google.api_core import exceptions as gexc
 from google.cloud import run_v2
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
+from prefect.exceptions import ObjectNotFound
 
-from blocks import ServingProfile
+from blocks import GcpTarget, ServingProfile
 from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
@@ -50,6 +54,23 @@ def artifact(key: str) -> str:
 
 def run_service(target, service: str) -> run_v2.Service:
     return clients.run_services(target).get_service(name=f"{target.location_path}/services/{service}")
+
+
+def lock_slots(target, service: str) -> int:
+    """Slots taken on the service's lock (flows.common.service_lock), as the Prefect server counts them."""
+    name = f"cloudrun-service:{target.project}:{target.region}:{service}"
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_global_concurrency_limit_by_name(name).active_slots
+        except ObjectNotFound:
+            return 0
+
+
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
+        time.sleep(0.02)
 
 
 def test_promotion_writes_a_report_with_the_figures_and_an_event(flow_env, service, asserting_events_worker):
@@ -193,3 +214,96 @@ def test_a_runtime_token_reaches_the_service_only_through_secret_manager(sb, flo
     assert again.outcome == "unchanged"
     writes = [f"{r['method']} {r['path']}" for r in sb.requests("control", since=since) if r["method"] in WRITES]
     assert writes == []  # no new secret version, no policy edit, no revision
+
+
+def test_promotions_of_two_services_run_side_by_side(sb, flow_env):
+    held, other = f"e2e-{next(_ids)}", f"e2e-{next(_ids)}"
+    # The held service's candidate answers /health with 503 until the rule goes: its promotion waits inside
+    # verify, holding its service's lock, for exactly as long as the test keeps the rule (no sleep decides).
+    candidate = f"run:{held}:candidate"
+    sb.add_fault(candidate, method="GET", path="^/health$", action="status", status=503)
+    outcome: dict[str, object] = {}
+
+    def run_held() -> None:
+        try:
+            # A window far longer than the other promotion takes, short enough that a lock shared across services
+            # (the other promotion waiting for this one) fails the test in about a minute, not at pytest's timeout.
+            outcome["report"] = promote(held, verify=VerifyOptions(health_period_s=0.05, health_window_s=90))
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=run_held)
+    runner.start()
+    try:
+        wait_until(lambda: lock_slots(flow_env, held) == 1 and any(r["fault"] for r in sb.requests(candidate)),
+                   120, f"{held} to hold its lock and probe its candidate")  # fmt: skip
+        since = sb.last_request_seq()
+        report = promote(other)  # another service: its lock is another lock, so nothing waits for `held`
+        assert report.outcome == "promoted", report.reason
+        assert run_service(flow_env, other).traffic_statuses[0].revision == report.serving_revision
+        assert lock_slots(flow_env, other) == 0
+        # ... and all that time `held` was inside its promotion, holding its lock, its candidate refused.
+        assert runner.is_alive() and outcome == {}
+        assert lock_slots(flow_env, held) == 1
+        assert [r["status"] for r in sb.requests(candidate, since=since) if r["path"] == "/health"][:1] == [503]
+        serving = [(s.revision, s.percent, s.tag) for s in run_service(flow_env, held).traffic_statuses]
+        assert [tag for _, _, tag in serving] == ["candidate"]  # deployed, not promoted: verify is still waiting
+    finally:
+        sb.clear_faults(candidate)
+        runner.join(timeout=240)
+    assert not runner.is_alive() and "error" not in outcome, outcome
+    held_report = outcome["report"]
+    assert held_report.outcome == "promoted" and held_report.verification.health_checks > 1
+    assert lock_slots(flow_env, held) == 0
+
+
+def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, service):
+    # A target of its own (network, subnet, service account, secret, bucket): the teardown deletes them, and the
+    # session's other tests keep the shared "sandbox" ones.
+    n = next(_ids)
+    target = f"e2e-teardown-{n}"
+    gcp = GcpTarget.model_validate({
+        **flow_env.model_dump(), "network": f"e2e-td-net-{n}", "subnet": f"e2e-td-subnet-{n}",
+        "service_account_name": f"e2e-td-sa-{n}", "hf_token_secret": f"e2e-td-token-{n}",
+        "bucket": f"e2e-td-weights-{n}",
+    })  # fmt: skip
+    gcp.save(target, overwrite=True)
+    profile = f"e2e-td-runtime-token-{n}"  # the token in Secret Manager: the teardown has a secret to delete
+    ServingProfile.preset("l4", hf_token_at_runtime=True).save(profile, overwrite=True)
+    first, second, third = (promote(service, revision=rev, target=target, profile=profile)
+                            for rev in ("main", "dev", "v1.0"))  # fmt: skip
+    assert [r.outcome for r in (first, second, third)] == ["promoted"] * 3
+    assert len({first.serving_revision, second.serving_revision, third.serving_revision}) == 3
+
+    back = rollback_model(service=service, to_revision=first.serving_revision, target=target)
+    # Not the previous revision (that is `second`): the one named.
+    assert (back.from_revision, back.to_revision) == (third.serving_revision, first.serving_revision)
+    traffic = [(s.revision, s.percent) for s in run_service(gcp, service).traffic_statuses if s.percent]
+    assert traffic == [(first.serving_revision, 100)]
+
+    everything = {"network": True, "service_account": True, "secret": True, "staged_weights": True}
+    results = teardown(service=service, target=target, **everything)
+    assert [(r.kind, r.action) for r in results] == [
+        ("service", "deleted"), ("subnet", "deleted"), ("network", "deleted"), ("service-account", "deleted"),
+        ("secret", "deleted"), ("bucket", "deleted"),
+    ]  # fmt: skip
+    staged = results[-1].changes
+    assert len(staged) == 1 and int(staged[0].split()[0]) > 0, staged  # "N objects deleted": the three commits'
+    with pytest.raises(gexc.NotFound):
+        run_service(gcp, service)
+    with pytest.raises(gexc.NotFound):
+        clients.compute_subnetworks(gcp).get(project=gcp.project, region=gcp.region, subnetwork=gcp.subnet)
+    with pytest.raises(gexc.NotFound):
+        clients.compute_networks(gcp).get(project=gcp.project, network=gcp.network)
+    iam = clients.iam(gcp)
+    account = iam.session.get(iam.url(f"projects/{gcp.project}/serviceAccounts/{gcp.service_account_email}"))
+    assert account.status_code == 404
+    with pytest.raises(gexc.NotFound):
+        clients.secret_manager(gcp).get_secret(name=infra.secret_path(gcp))
+    assert clients.storage(gcp).lookup_bucket(gcp.bucket_name) is None
+
+    again = teardown(service=service, target=target, **everything)  # idempotent: all already gone
+    assert [(r.kind, r.action) for r in again] == [
+        ("service", "absent"), ("subnet", "absent"), ("network", "absent"), ("service-account", "absent"),
+        ("secret", "absent"), ("bucket", "absent"),
+    ]  # fmt: skip
