@@ -149,9 +149,10 @@ def promote_model(
     `candidate` revision with no traffic, verifies it (health, models, a chat completion), then moves all
     traffic to it. On failure traffic stays where it was. The image strategy is the profile's unless the run
     gives one: `image` (a pinned prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a
-    recipe, with the OOM ladder). `dry_run` stops after preflight and rendering and
-    shows the plan, the gcloud equivalent and the Cloud Build YAML. `spec_file` (a file in deployments/)
-    supplies any parameter not given; without either, revision is main, profile l4, target sandbox.
+    recipe, with the OOM ladder). `dry_run` stops after preflight and rendering and shows the plan, the gcloud
+    equivalent and the Cloud Build YAML. `spec_file` (a file in deployments/) supplies any parameter not given;
+    without either, revision is main, profile l4, target sandbox. The report's cost assumes the file's business
+    hours (`schedule:`, default 55 h a week) unless `warm_hours_per_week` is given.
     """
     spec = read_spec(spec_file)
     model = model or spec.get("model")
