@@ -14,10 +14,12 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from google.api_core import exceptions as gexc
+from google.api_core.retry import if_exception_type as retry_if
 from google.cloud.devtools import cloudbuild_v1
 from prefect import task
 from pydantic import BaseModel, Field
@@ -40,6 +42,7 @@ from tasks.infra import repository_path
 from tasks.logs import run_logger
 
 Status = cloudbuild_v1.Build.Status
+RUNNING = (Status.STATUS_UNKNOWN, Status.PENDING, Status.QUEUED, Status.WORKING)
 OOM_MARKERS = ("Killed signal terminated program", "exit code: 137", "exit status 137", "signal 9", "Killed")
 KNOWN_FIXES = {
     "the --mount option requires BuildKit": "set DOCKER_BUILDKIT=1 in the docker step's env (lesson 7)",
@@ -157,16 +160,55 @@ def _log_tail(target: GcpTarget, build: cloudbuild_v1.Build, lines: int = 40) ->
     return "\n".join(text.splitlines()[-lines:])
 
 
+class _StillBuilding(Exception):
+    """The build has not reached a final status yet (drives the polling retry)."""
+
+
+def _attempt_build_id(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget, marker: str) -> str | None:
+    """The build carrying this attempt's tag, if the create whose answer was lost did create it."""
+    request = cloudbuild_v1.ListBuildsRequest(
+        project_id=target.project, parent=target.location_path, filter=f'tags="{marker}"'
+    )  # parent selects the build's region, as on create
+    found = client.list_builds(request=request, retry=GCP_RETRY)
+    return next((b.id for b in found), None)
+
+
+def _wait_for_build(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget, build_id: str, timeout: float) -> None:
+    """Wait for a build known by id only (its operation was lost with the create's answer)."""
+    name = f"{target.location_path}/builds/{build_id}"
+
+    def poll() -> None:
+        if client.get_build(name=name, retry=GCP_RETRY).status in RUNNING:
+            raise _StillBuilding(build_id)
+
+    polling = clients.operation_polling(target)
+    polling.with_predicate(retry_if(_StillBuilding)).with_timeout(timeout)(poll)()
+
+
 def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: int) -> cloudbuild_v1.Build:
-    """Submit one build attempt and wait for it; returns the finished Build whatever its status."""
+    """Submit one build attempt and wait for it; returns the finished Build whatever its status.
+
+    Creating a build is not idempotent: after a 5xx on the create, the build may or may not exist. Each
+    attempt carries a tag of its own, so it is looked up first and submitted again only when it is not there.
+    """
     client = clients.cloud_build(target)
     request = render_build(target, build, plan, max_jobs)
+    marker = f"attempt-{uuid.uuid4().hex[:16]}"
+    request.tags.append(marker)
+    timeout = build.timeout_seconds + 600
     with gcp_errors("cloudbuild", "roles/cloudbuild.builds.editor", f"building {plan.tagged}", target.project):
         # parent alone selects the regional endpoint (FACTS.md); the build runs in the service's region.
-        operation = client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
+        try:
+            operation = client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
+        except gexc.ServerError:
+            build_id = _attempt_build_id(client, target, marker)
+            if build_id is not None:
+                _wait_for_build(client, target, build_id, timeout)
+                return client.get_build(name=f"{target.location_path}/builds/{build_id}", retry=GCP_RETRY)
+            operation = client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
         build_id = operation.metadata.build.id
         try:
-            finished = wait_for(operation, clients.operation_polling(target), timeout=build.timeout_seconds + 600)
+            finished = wait_for(operation, clients.operation_polling(target), timeout=timeout)
             build_id = finished.id
         except gexc.GoogleAPICallError:
             pass  # a failed build; its status is read back below, whichever way the failure arrived

@@ -104,6 +104,27 @@ def test_the_ladder_halves_max_jobs_until_the_build_fits(target, tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("action", "posts"),
+    [("status", 2), ("replace", 1)],
+    ids=["503-before-creating", "503-after-creating"],
+)
+def test_a_503_on_creating_a_build_never_builds_twice(sb, target, tmp_path, action, posts):
+    # "status": Cloud Build answered 503 and created nothing; "replace": it created the build, the answer was lost.
+    sb.add_fault("control", method="POST", path=r"/builds$", action=action, status=503, times=1)
+    since = sb.last_request_seq()
+    name = f"lost-{action}"
+    build = ImageBuild(source_dir=str(folder(tmp_path, dockerfile="FROM python:3.12-slim\n")), image_name=name)
+    result = build_image(target, build)
+    assert [r["fired"] for r in sb.faults()] == [1]
+    assert [(a.max_jobs, a.status) for a in result.attempts] == [(32, "SUCCESS")]
+    assert build_posts(sb, since) == posts  # submitted again only when the first create made nothing
+    builds = clients.cloud_build(target).list_builds(
+        request={"project_id": target.project, "parent": target.location_path, "filter": f'tags="{name}"'}
+    )
+    assert len(list(builds)) == 1  # one build ran for the attempt, whichever way the 503 came
+
+
 def test_a_ladder_that_reaches_its_floor_fails_clearly(target, tmp_path):
     build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="floor", max_jobs_floor=16)
     with pytest.raises(ImageBuildError, match=r"ran out of memory at every max_jobs down to the floor \(32, 16\)"):

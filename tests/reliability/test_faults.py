@@ -534,6 +534,8 @@ def test_one_429_then_one_503_from_every_api_the_promotion_calls(sb, flow_env, b
 # operation and the revision lookup.
 RETRIED_SINGLY = [
     pytest.param(("control", "POST", r"/builds$", 429), id="cloudbuild-create"),
+    # A 503 may have created the build: it is looked up by its attempt tag before anything is submitted again.
+    pytest.param(("control", "POST", r"/builds$", 503), id="cloudbuild-create-503"),
     pytest.param(("control", "GET", r"^/v1/projects/[^/]+/locations/[^/]+/operations/", 429), id="build-operation"),
     pytest.param(("control", "GET", r"^/v2/projects/[^/]+/locations/[^/]+/operations/", 429), id="run-operation"),
     pytest.param(("control", "GET", r"^/v2/.*/services/[^/]+/revisions/", 503), id="run-get-revision"),
@@ -543,7 +545,6 @@ RETRIED_SINGLY = [
     # A new service name: the first deploy creates the service.
     pytest.param(("control", "POST", r"^/v2/projects/[^/]+/locations/[^/]+/services$", 429), id="run-create-429"),
     pytest.param(("control", "POST", r"^/v2/projects/[^/]+/locations/[^/]+/services$", 503), id="run-create-503"),
-    # Not here: a 503 on the build's creation (POST .../builds) is deliberately not retried, it may have created one.
 ]
 
 
