@@ -117,10 +117,15 @@ def emit(event: str, target: GcpTarget, service_id: str, payload: dict) -> None:
     emit_event(event=event, resource=service_resource(target, service_id), payload=payload)
 
 
+def service_lock_name(target: GcpTarget, service_id: str) -> str:
+    """The global concurrency limit that serializes the runs changing one service (`prefect gcl inspect NAME`)."""
+    return f"cloudrun-service:{target.project}:{target.region}:{service_id}"
+
+
 @contextmanager
 def service_lock(target: GcpTarget, service_id: str, timeout_s: float = 3600) -> Iterator[None]:
     """Two runs that change one service never interleave; runs for other services are not held up."""
-    name = f"cloudrun-service:{target.project}:{target.region}:{service_id}"
+    name = service_lock_name(target, service_id)
     with get_client(sync_client=True) as client:
         try:
             client.read_global_concurrency_limit_by_name(name)

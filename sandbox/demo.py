@@ -27,6 +27,9 @@ def _step(text: str) -> None:
 def run_demo(state_dir: Path) -> int:
     started = time.monotonic()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The first run creates Prefect's database before its ephemeral server answers: on 2 busy cores that takes
+    # longer than Prefect's default 20 s wait.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _step("Starting the sandbox: Hub, GCS, Cloud Run, Cloud Build, Compute, IAM, Secret Manager on loopback")
     with SandboxHandle.start(state_dir) as sandbox:

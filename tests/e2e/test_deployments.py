@@ -16,13 +16,13 @@ import httpx
 import pytest
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.exceptions import ObjectNotFound
 
 from blocks import ServingProfile
 from flows.common import LOCK_LEASE_S
 from sandbox.serving import free_port
 from tasks import clients
 from tasks.staging import MANIFEST, commit_prefix
+from tests.support.locks import lock_slots
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -156,19 +156,10 @@ def test_the_scale_deployment_changes_min_instances(server, sandbox_target):
     assert service.scaling.min_instance_count == 1
 
 
-def lock_slots(env: dict[str, str], name: str) -> int:
-    with client(env) as api:
-        try:
-            return api.read_global_concurrency_limit_by_name(name).active_slots
-        except ObjectNotFound:
-            return 0
-
-
 def test_a_promotion_killed_holding_the_service_lock_does_not_block_the_next_run(server, sandbox_target, tmp_path):
     """A worker that dies mid-promotion (OOM-killed, node preempted) holds the per-service lock; nobody frees it,
     but its lease is renewed only while the run lives, so the server takes the slot back within LOCK_LEASE_S and
     the next run of the deployment goes ahead."""
-    lock = f"cloudrun-service:{sandbox_target.project}:{sandbox_target.region}:tiny-chat"
     params = {"spec_file": "deployments/tiny-chat.yaml", "verify": {"health_period_s": 0.05}}
     log = tmp_path / "child.log"
     with log.open("w") as out:
@@ -183,7 +174,7 @@ def test_a_promotion_killed_holding_the_service_lock_does_not_block_the_next_run
             time.sleep(0.05)
         child.stdin.write("go\n")
         child.stdin.flush()
-        while lock_slots(server, lock) != 1:
+        while lock_slots(sandbox_target, "tiny-chat", client(server)) != 1:
             assert child.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.02)
     finally:
@@ -191,12 +182,12 @@ def test_a_promotion_killed_holding_the_service_lock_does_not_block_the_next_run
         child.wait()
         child.stdin.close()
     killed_at = time.monotonic()
-    assert lock_slots(server, lock) == 1  # the dead run still holds it
+    assert lock_slots(sandbox_target, "tiny-chat", client(server)) == 1  # the dead run still holds it
     run_deployment(server, "promote-model/tiny-chat", 'verify={"health_period_s": 0.1}')
     waited = time.monotonic() - killed_at
     with client(server) as api:
         deployment = api.read_deployment_by_name("promote-model/tiny-chat")
         runs = sorted((r for r in api.read_flow_runs() if r.deployment_id == deployment.id), key=lambda r: r.created)
     assert runs[-1].state_name == "Completed", runs[-1].state.message
-    assert lock_slots(server, lock) == 0
+    assert lock_slots(sandbox_target, "tiny-chat", client(server)) == 0
     print(f"the next run finished {waited:.0f} s after the kill (lease {LOCK_LEASE_S} s)")

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 from google.api_core import exceptions as gexc
@@ -14,7 +12,6 @@ from google.cloud import run_v2
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
-from prefect.exceptions import ObjectNotFound
 
 from blocks import GcpTarget, ServingProfile
 from flows.promote import promote_model
@@ -23,6 +20,7 @@ from flows.scale import scale_service
 from flows.teardown import teardown
 from tasks import clients, infra
 from tasks.probe import VerifyOptions
+from tests.support.locks import lock_slots, wait_until
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
@@ -54,23 +52,6 @@ def artifact(key: str) -> str:
 
 def run_service(target, service: str) -> run_v2.Service:
     return clients.run_services(target).get_service(name=f"{target.location_path}/services/{service}")
-
-
-def lock_slots(target, service: str) -> int:
-    """Slots taken on the service's lock (flows.common.service_lock), as the Prefect server counts them."""
-    name = f"cloudrun-service:{target.project}:{target.region}:{service}"
-    with get_client(sync_client=True) as client:
-        try:
-            return client.read_global_concurrency_limit_by_name(name).active_slots
-        except ObjectNotFound:
-            return 0
-
-
-def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
-        time.sleep(0.02)
 
 
 def test_promotion_writes_a_report_with_the_figures_and_an_event(flow_env, service, asserting_events_worker):

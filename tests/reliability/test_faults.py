@@ -31,16 +31,17 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
-from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_URL
 
 from blocks import ServingProfile
+from flows.common import service_lock_name
 from flows.promote import promote_model
 from flows.scale import scale_service
 from tasks import clients, infra
 from tasks.probe import VerifyOptions
 from tasks.report import PromotionReport
 from tasks.staging import MANIFEST, commit_prefix
+from tests.support.locks import lock_slots, wait_until
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
@@ -150,25 +151,6 @@ def assert_staged_once_and_verified(sb, target, report: PromotionReport, since: 
     objects = assert_verified_against_hub(sb, target, staged.repo_id, staged.commit, staged.object_prefix)
     assert report.staging.files_uploaded == objects - 1
     assert completed_uploads(sb, since, target.bucket_name) == objects + extra_uploads  # nothing uploaded twice
-
-
-def lock_name(target, service: str) -> str:
-    return f"cloudrun-service:{target.project}:{target.region}:{service}"  # flows.common.service_lock
-
-
-def lock_slots(target, service: str) -> int:
-    with get_client(sync_client=True) as client:
-        try:
-            return client.read_global_concurrency_limit_by_name(lock_name(target, service)).active_slots
-        except ObjectNotFound:
-            return 0
-
-
-def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
-        time.sleep(0.02)
 
 
 def run_in_threads(calls: dict[str, Callable[[], object]]) -> dict[str, object]:
@@ -362,7 +344,9 @@ def release_dead_holders_slot(target, service: str) -> None:
     here a killed holder's slot would never come back; tests/e2e/test_deployments.py shows a real server
     freeing it within the lease."""
     with get_client(sync_client=True) as client:
-        client.update_global_concurrency_limit(lock_name(target, service), GlobalConcurrencyLimitUpdate(active_slots=0))
+        client.update_global_concurrency_limit(
+            service_lock_name(target, service), GlobalConcurrencyLimitUpdate(active_slots=0)
+        )
 
 
 def test_a_promotion_killed_at_ten_points_is_finished_by_a_rerun(sb, flow_env, tmp_path):
