@@ -191,7 +191,7 @@ def main() -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.bootstrap import bootstrap_sandbox, register_block_types
+    from sandbox.blocks import save_sandbox_blocks
     from sandbox.handle import SandboxHandle
 
     with (
@@ -200,8 +200,7 @@ def main() -> int:
         prefect_test_harness(),
     ):
         os.environ["HF_ENDPOINT"] = sb.hub_url
-        register_block_types()
-        bootstrap_sandbox(Path(scratch) / "sandbox")
+        save_sandbox_blocks(Path(scratch) / "sandbox")
         promotion = promotion_figures(sb, Path(scratch))
     lag = readiness_lag()
     cost = cost_figures()

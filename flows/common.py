@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import yaml
+from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
@@ -21,41 +22,47 @@ from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 
 M = TypeVar("M", bound=BaseModel)
+B = TypeVar("B", bound=Block)
 LOCK_LEASE_S = 60  # the server accepts no shorter lease
 SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_block", "hub_endpoint",
              "allow_patterns", "ignore_patterns", "image", "build", "load_mode", "schedule"}  # fmt: skip
 
 
-def _invalid_block(kind: str, field: str, name: str, exc: Exception) -> ValueError | None:
-    """A saved block whose values its own checks refuse: say which field and what to set, not `validate=False`."""
-    cause = exc.__cause__
-    if isinstance(cause, ValidationError):
-        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in cause.errors(include_input=False))
-        return ValueError(f"{field}: the saved {kind} block '{name}' is not valid: {problems}. Fix it in the UI")
-    return None
+def _problems(exc: ValidationError) -> str:
+    """The models' own messages (they name the field and the fix), without pydantic's framing or the input (it may
+    hold a pasted token)."""
+    return "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors(include_input=False))
 
 
 def validated(model: type[M], data: dict) -> M:
-    """``model`` from ``data``, or a ValueError whose message is the models' own (they name the field and the fix)
-    without pydantic's framing or the input (it may hold a pasted token)."""
+    """``model`` from ``data``, or a ValueError with the models' own messages."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors(include_input=False))
-        raise ValueError(problems) from None
+        raise ValueError(_problems(exc)) from None
+
+
+def _load_block(block: type[B], field: str, name: str, missing: str) -> B:
+    """A saved block by name; one whose values its own checks refuse says which field and what to set (not Prefect's
+    `validate=False` advice), and a missing one says ``missing``."""
+    try:
+        return block.load(name)
+    except (ValueError, RuntimeError) as exc:
+        if isinstance(exc.__cause__, ValidationError):
+            raise ValueError(
+                f"{field}: the saved {block.__name__} block '{name}' is not valid: {_problems(exc.__cause__)}. "
+                "Fix it in the UI"
+            ) from None
+        raise ValueError(missing) from None
 
 
 def load_target(name: str) -> GcpTarget:
     """The GcpTarget block saved under ``name`` (``python -m flows.bootstrap`` creates them)."""
-    try:
-        return GcpTarget.load(name)
-    except (ValueError, RuntimeError) as exc:
-        invalid = _invalid_block("GcpTarget", "target", name, exc)
-        if invalid is not None:
-            raise invalid from None
-        raise ValueError(
-            f"target: no GcpTarget block named '{name}'; create it with `python -m flows.bootstrap` or in the UI"
-        ) from None
+    return _load_block(
+        GcpTarget, "target", name,
+        f"target: no GcpTarget block named '{name}'; create it with `python -m flows.bootstrap` (a sandbox's: "
+        "`python -m sandbox blocks`) or in the UI",
+    )  # fmt: skip
 
 
 def load_profile(
@@ -74,15 +81,10 @@ def load_profile(
         overrides["load_mode"] = load_mode
     if name in PRESETS:
         return ServingProfile.preset(name, **overrides)
-    try:
-        block = ServingProfile.load(name)
-    except (ValueError, RuntimeError) as exc:
-        invalid = _invalid_block("ServingProfile", "profile", name, exc)
-        if invalid is not None:
-            raise invalid from None
-        raise ValueError(
-            f"profile: '{name}' is neither a preset ({', '.join(PRESETS)}) nor a saved ServingProfile block"
-        ) from None
+    block = _load_block(
+        ServingProfile, "profile", name,
+        f"profile: '{name}' is neither a preset ({', '.join(PRESETS)}) nor a saved ServingProfile block",
+    )  # fmt: skip
     return ServingProfile.model_validate({**block.model_dump(), **overrides}) if overrides else block
 
 

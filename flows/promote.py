@@ -88,23 +88,27 @@ _NO_RUNTIME_TOKEN = (
 )
 
 
-def _planned_image(target: GcpTarget, profile: ServingProfile) -> tuple[str, str | None]:
-    """The image the service will run, and the Cloud Build YAML when it is built, without any cloud call."""
+def _planned_image(target: GcpTarget, profile: ServingProfile, exact_tag: bool) -> tuple[str, str | None]:
+    """The image the service will run, and the Cloud Build YAML when it is built, without any cloud call.
+
+    The content tag of a local source is computed only for the plan a dry run shows (hashing the tree is the
+    build step's work); a git source is not resolved before the build (no network calls). Otherwise the tag
+    is a placeholder: no check on the service depends on it."""
     if profile.build is None:
         return profile.image or "", None
     build: ImageBuild = profile.build
-    # A git source is not resolved before the build (no network calls): its tag is shown as a placeholder.
     local = build.source_dir or build.recipe == "serve-wrapper"
-    tag = content_tag(build, source_digest(build)) if local else "CONTENT-TAG"
+    tag = content_tag(build, source_digest(build)) if local and exact_tag else "CONTENT-TAG"
     plan = build_plan(target, build, tag)
     return plan.tagged, render_build_yaml(render_build(target, build, plan, build.ladder[0]))
 
 
 def _planned_service(
-    target: GcpTarget, profile: ServingProfile, source: ModelSource, service_id: str, weights: Weights
-) -> tuple[run_v2.Service, str | None]:
+    target: GcpTarget, profile: ServingProfile, source: ModelSource, service_id: str, weights: Weights,
+    exact_tag: bool,
+) -> tuple[run_v2.Service, str | None]:  # fmt: skip
     """The service as it will be sent (the image by tag, not yet by digest), and the Cloud Build YAML if any."""
-    image, build_yaml = _planned_image(target, profile)
+    image, build_yaml = _planned_image(target, profile, exact_tag)
     spec = render_service(profile, target, source, weights, image, revision_name(service_id, weights, image, profile))
     return spec, build_yaml
 
@@ -220,7 +224,7 @@ def _promote(
         # The service as it will be sent, checked before any cloud call (only the image digest is still unknown).
         weights = Weights(source.repo_id, commit, target.bucket_name, commit_prefix(target, source.repo_id, commit),
                           weights_bytes)  # fmt: skip
-        planned, build_yaml = _planned_service(target, profile, source, service_id, weights)
+        planned, build_yaml = _planned_service(target, profile, source, service_id, weights, exact_tag=dry_run)
         report.findings += raise_on_errors(check_service(profile, planned))
     if dry_run:
         report.outcome = "dry-run"

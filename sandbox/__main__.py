@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--quiet", action="store_true", help="print nothing; read sandbox.json instead")
     demo = sub.add_parser("demo", help="start a sandbox and walk through a model going live on it")
     demo.add_argument("--state-dir", type=Path, default=Path(".sandbox/demo"))
+    blocks = sub.add_parser("blocks", help="save the Prefect blocks that point the flows at a running sandbox")
+    blocks.add_argument("state_dir", type=Path, help="the running sandbox's --state-dir")
     args = parser.parse_args(argv)
 
     if args.command == "up":
@@ -62,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.time_scale is not None:
             settings["time_scale"] = args.time_scale
         asyncio.run(_serve(args.state_dir.resolve(), SandboxConfig.model_validate(settings), args.quiet))
+        return 0
+    if args.command == "blocks":
+        from sandbox.blocks import save_sandbox_blocks
+
+        target = save_sandbox_blocks(args.state_dir.resolve())
+        print(f"saved GcpTarget 'sandbox' ({target.project}/{target.region}) and Secret 'sandbox-hf-token'")
         return 0
     from sandbox.demo import run_demo
 

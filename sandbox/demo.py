@@ -34,14 +34,13 @@ def run_demo(state_dir: Path) -> int:
     _step("Starting the sandbox: Hub, GCS, Cloud Run, Cloud Build, Compute, IAM, Secret Manager on loopback")
     with SandboxHandle.start(state_dir) as sandbox:
         os.environ["HF_ENDPOINT"] = sandbox.hub_url  # where "the Hub" is for this run
-        from flows.bootstrap import bootstrap_sandbox, register_block_types
         from flows.promote import promote_model
+        from sandbox.blocks import save_sandbox_blocks
         from tasks.preflight import PreflightError
         from tasks.probe import VerifyOptions
 
         logging.getLogger("prefect").setLevel(logging.WARNING)  # the report below says what happened
-        register_block_types()
-        target = bootstrap_sandbox(state_dir)
+        target = save_sandbox_blocks(state_dir)
         print(f"    blocks saved: GcpTarget 'sandbox' ({target.project}/{target.region}), Secret 'sandbox-hf-token'")
         verify = VerifyOptions(health_period_s=0.2)
 

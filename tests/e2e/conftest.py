@@ -8,14 +8,13 @@ from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a p
 
 @pytest.fixture(scope="session")
 def flow_env(sandbox, prefect_api):
-    """Blocks for the sandbox saved, and the Hub stand-in as HF_ENDPOINT, as `python -m flows.bootstrap` does."""
+    """Blocks for the sandbox saved, and the Hub stand-in as HF_ENDPOINT, as `python -m sandbox blocks` does."""
     import os
     from pathlib import Path
 
-    from flows.bootstrap import bootstrap_sandbox, register_block_types
+    from sandbox.blocks import save_sandbox_blocks
 
-    register_block_types()
-    target = bootstrap_sandbox(Path(sandbox.info["state_dir"]))
+    target = save_sandbox_blocks(Path(sandbox.info["state_dir"]))
     previous = os.environ.get("HF_ENDPOINT")
     os.environ["HF_ENDPOINT"] = sandbox.hub_url
     yield target

@@ -56,7 +56,7 @@ def server(sandbox, tmp_path_factory) -> Iterator[dict[str, str]]:
         else:
             pytest.fail(f"prefect server did not start; see {home / 'server.log'}")
         for command in (
-            [sys.executable, "-m", "flows.bootstrap", "sandbox", sandbox.info["state_dir"]],
+            [sys.executable, "-m", "sandbox", "blocks", sandbox.info["state_dir"]],
             [PREFECT, "work-pool", "create", "local-process", "--type", "process"],
             [PREFECT, "--no-prompt", "deploy", "--all"],
         ):
