@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 GpuTypeName = Literal["nvidia-l4", "nvidia-rtx-pro-6000"]
+LaunchStage = Literal["GA", "BETA"]
 
 MODEL_GARDEN_VLLM_IMAGE = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:gemma4"
 """Google's Model Garden vLLM build, pinned by the tag seed 000 deployed; runs on the L4's CUDA 12.2 driver."""
@@ -20,6 +21,10 @@ class GpuSpec:
     regions: frozenset[str]
     hourly_usd: float
     """GPU price per hour without zonal redundancy (us-central1, 2026-08)."""
+    launch_stage: LaunchStage = "GA"
+    """Cloud Run launch stage of this GPU type: a preview (BETA) GPU needs the Service's ``launch_stage`` set to
+    BETA, which is what ``gcloud beta run deploy`` does; without it Cloud Run refuses the deploy with 400 "The
+    feature ... is not supported in the declared launch stage"."""
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -42,6 +47,9 @@ GPUS: dict[str, GpuSpec] = {
         # No published Cloud Run price found (FACTS.md); seed 001's "about $2.20/h" taken as the GPU's price,
         # which overestimates rather than hides cost.
         hourly_usd=2.20,
+        # Preview on Cloud Run ("GPU support for services": "Preview — NVIDIA RTX PRO 6000 Blackwell GPU"); seed 004
+        # deploys it with `gcloud beta run deploy`. L4 has been GA since 2025-04-07 (Cloud Run release notes).
+        launch_stage="BETA",
     ),
 }
 

@@ -37,6 +37,11 @@ class ApiEndpoints(BaseModel):
     artifactregistry: str | None = Field(None, description="Artifact Registry API v1")
     logging: str | None = Field(None, description="Cloud Logging API v2 (revision logs)")
     storage: str | None = Field(None, description="Cloud Storage JSON API (e.g. a fake-gcs-server URL)")
+    serviceusage: str | None = Field(None, description="Service Usage API (doctor: enabled APIs, GPU quota)")
+    cloudresourcemanager: str | None = Field(
+        None, description="Cloud Resource Manager API v3 (doctor: the caller's permissions on the project)"
+    )
+    orgpolicy: str | None = Field(None, description="Organization Policy API v2 (doctor: effective policies)")
 
     @field_validator("*")
     @classmethod
@@ -78,6 +83,12 @@ class GcpTarget(Block):
     service_account_name: str = Field(
         "vllm-serving", description="Account id of the dedicated service account the service runs as."
     )
+    build_service_account_name: str = Field(
+        "hf-cloudrun-build",
+        description="Account id of the dedicated build identity Cloud Build runs as: it may only read build sources "
+        "and write build logs in the bucket and push to the repository (new projects' default build identity has no "
+        "rights there).",
+    )
     hf_token_secret: str = Field(
         "hf-token",
         description="Secret Manager secret holding the Hub token when something needs it at run time "
@@ -100,6 +111,11 @@ class GcpTarget(Block):
     )
     gcp_credentials: GcpCredentials | None = Field(
         None, description="prefect-gcp credentials block; Application Default Credentials when empty."
+    )
+    doctor_before_promote: bool = Field(
+        False,
+        description="Run doctor's read-only project checks as promote-model's first step and stop on any failure "
+        "(APIs, permissions, GPU quota, organisation policies, bucket location).",
     )
     operation_poll_seconds: float | None = Field(
         None, gt=0, le=60, description="Polling interval for long-running operations; the client default when empty."
@@ -147,12 +163,12 @@ class GcpTarget(Block):
             )
         return value
 
-    @field_validator("service_account_name")
+    @field_validator("service_account_name", "build_service_account_name")
     @classmethod
-    def _account_id(cls, value: str) -> str:
+    def _account_id(cls, value: str, info) -> str:
         if not 6 <= len(value) <= 30 or not RESOURCE_ID.match(value):
             raise ValueError(
-                f"service_account_name '{value}' must be 6-30 lowercase letters, digits or hyphens, starting with "
+                f"{info.field_name} '{value}' must be 6-30 lowercase letters, digits or hyphens, starting with "
                 "a letter (it becomes NAME@PROJECT.iam.gserviceaccount.com)"
             )
         return value
@@ -231,6 +247,10 @@ class GcpTarget(Block):
     @property
     def service_account_email(self) -> str:
         return f"{self.service_account_name}@{self.project}.iam.gserviceaccount.com"
+
+    @property
+    def build_service_account_email(self) -> str:
+        return f"{self.build_service_account_name}@{self.project}.iam.gserviceaccount.com"
 
     @property
     def location_path(self) -> str:

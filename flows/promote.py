@@ -19,7 +19,8 @@ from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from flows.common import emit, load_profile, load_target, read_spec, service_lock, validated
-from tasks import access, clients, infra
+from flows.doctor import check_project
+from tasks import access, act_as, build_identity, clients, infra
 from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.cloudrun import (
     CANDIDATE_TAG,
@@ -66,13 +67,19 @@ def hf_resolve_model(
 
 @task(name="ensure_infrastructure")
 def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: ModelSource) -> list[str]:
-    """Bucket, registry (when building), network and subnet, service account and its read access to the bucket;
+    """Bucket, registry and the build identity with its grants (when building), network and subnet, service account
+    and its read access to the bucket;
     with hf_token_at_runtime, the Hub token in Secret Manager and the service account's access to it alone."""
     steps = [infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet, infra.ensure_service_account]
     if profile.build is not None:
         steps.insert(1, infra.ensure_artifact_registry)
     results = [step(target) for step in steps]
+    # Deploying as the serving account needs actAs on it: say so now, before any weights are staged.
+    act_as.require_act_as(target, target.service_account_email, "deploying as the serving account")
     results.append(access.grant_bucket_object_viewer(target))
+    if profile.build is not None:  # builds run as their own least-privilege identity (tasks/build_identity.py)
+        results += build_identity.ensure_build_identity(target)
+        act_as.require_act_as(target, target.build_service_account_email, "building as the build identity")
     if profile.hf_token_at_runtime:
         token = clients.hub_token(source)  # read here, inside the task: never a parameter, never logged
         if token is None:
@@ -212,6 +219,10 @@ def _promote(
 ) -> None:
     log = run_logger()
     options = StagingOptions()
+    if target.doctor_before_promote:
+        with report.step("doctor"):
+            # Read-only project checks first: a disabled API or a missing role fails here, before anything is spent.
+            check_project(target, profile, service_id)
     with report.step("preflight"):
         report.findings = raise_on_errors(check_profile(profile, target, service_id))
         if profile.hf_token_at_runtime and clients.hub_token(source) is None:

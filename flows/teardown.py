@@ -5,7 +5,9 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.common import emit, load_target, service_lock
+from tasks.build_identity import iam_delete_build_service_account
 from tasks.gcp import EnsureResult
+from tasks.subnet_hold import SubnetHold, prefect_schedule_network_retry
 from tasks.teardown import (
     compute_delete_network,
     compute_delete_subnet,
@@ -25,21 +27,39 @@ def teardown(
     secret: bool = False,
     staged_weights: bool = False,
 ) -> list[EnsureResult]:
-    """Delete the service, then (when asked) the subnet and network, the service account, the Hub token secret,
-    and the bucket with the staged weights, in that order. Each step tolerates what is already gone.
+    """Delete the service, then (when asked) the subnet and network, the service accounts (serving, build), the Hub
+    token secret, and the bucket with the staged weights, in that order. Each step tolerates what is already gone.
+
+    Cloud Run keeps a subnet's Direct VPC egress IPs 1-2 h after the last service using it is deleted: the subnet
+    and network then come back ``held`` (what holds them, when to retry) and the rest of the teardown goes on. Run
+    from a deployment, the flow schedules a network-only run of it for that time; otherwise it prints the command.
     """
     gcp = load_target(target)
     with service_lock(gcp, service):
         results = [run_delete_service(gcp, service)]
         if network:
-            results += [compute_delete_subnet(gcp), compute_delete_network(gcp)]
-        if service_account:
-            results.append(iam_delete_service_account(gcp))
+            subnet = compute_delete_subnet(gcp)
+            results.append(subnet)
+            if isinstance(subnet, SubnetHold):
+                # The network cannot go before its subnet; the same retry deletes both. Nothing else waits on it.
+                retry = prefect_schedule_network_retry(service, target, subnet)
+                subnet.changes.append(retry)
+                results.append(
+                    SubnetHold(
+                        kind="network", name=f"projects/{gcp.project}/global/networks/{gcp.network}", action="held",
+                        changes=[f"its subnet {gcp.subnet} is held; {retry}"], holder=subnet.name,
+                        services=subnet.services, retry_at=subnet.retry_at,
+                    )
+                )  # fmt: skip
+            else:
+                results.append(compute_delete_network(gcp))
+        if service_account:  # the serving account and the build identity
+            results += [iam_delete_service_account(gcp), iam_delete_build_service_account(gcp)]
         if secret:
             results.append(secretmanager_delete_secret(gcp))
         if staged_weights:
             results.append(gcs_delete_bucket(gcp))
     for result in results:
-        print(f"{result.kind} {result.name}: {result.action}")
+        print(f"{result.kind} {result.name}: {result.action}" + "".join(f"; {c}" for c in result.changes))
     emit("service.torn_down", gcp, service, {"deleted": [r.name for r in results if r.action == "deleted"]})
     return results

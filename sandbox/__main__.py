@@ -13,6 +13,7 @@ from sandbox.config import SandboxConfig
 
 
 def _usage(info: dict) -> str:
+    metadata = info["metadata_url"].removeprefix("http://")
     return f"""Sandbox is up. Everything listens on loopback; nothing here reaches Google or Hugging Face.
 
   control plane (Cloud Run, Cloud Build, Compute, IAM, ...): {info["control_url"]}
@@ -22,6 +23,7 @@ def _usage(info: dict) -> str:
 
 Point the product at it with the target in {info["state_dir"]}/sandbox.json, e.g.
   export HF_ENDPOINT={info["hub_url"]} HF_TOKEN={info["hub"]["token"]} HF_HUB_DISABLE_XET=1
+  export GCE_METADATA_HOST={metadata} GCE_METADATA_IP={metadata}  # ID tokens for the private services
   python -c "import json; print(json.load(open('{info["state_dir"]}/sandbox.json'))['target'])"
 Inject faults with POST {info["control_url"]}/_sandbox/faults  (see sandbox/faults.py).
 Ctrl-C stops it.
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--time-scale", type=float, default=None, help="real seconds per simulated second")
     up.add_argument("--config", type=Path, default=None, help="JSON file with SandboxConfig fields")
     up.add_argument("--quiet", action="store_true", help="print nothing; read sandbox.json instead")
+    up.add_argument(
+        "--metadata-port", type=int, default=None, help="port of the metadata server stand-in (GCE_METADATA_HOST)"
+    )
     demo = sub.add_parser("demo", help="start a sandbox and walk through a model going live on it")
     demo.add_argument("--state-dir", type=Path, default=Path(".sandbox/demo"))
     blocks = sub.add_parser("blocks", help="save the Prefect blocks that point the flows at a running sandbox")
@@ -63,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = json.loads(args.config.read_text()) if args.config else {}
         if args.time_scale is not None:
             settings["time_scale"] = args.time_scale
+        if args.metadata_port is not None:
+            settings["metadata_port"] = args.metadata_port
         asyncio.run(_serve(args.state_dir.resolve(), SandboxConfig.model_validate(settings), args.quiet))
         return 0
     if args.command == "blocks":

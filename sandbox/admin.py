@@ -25,6 +25,11 @@ class ConfigUpdate(BaseModel):
     zonal_redundancy_gpu_quota: int | None = Field(None, ge=0)
     cpu_quota: float | None = None
     memory_quota_gib: float | None = None
+    iam_propagation_seconds: float | None = Field(None, ge=0)
+    caller: str | None = Field(None, pattern=r"^(user|serviceAccount|group):[^@\s]+@[^@\s]+$")
+    disabled_apis: list[str] | None = None
+    org_policies: dict[str, dict] | None = None
+    serverless_ip_hold_seconds: float | None = Field(None, ge=0)
 
 
 def _bad_request(exc: ValidationError) -> JSONResponse:
@@ -54,6 +59,10 @@ def admin_routes(runtime: SandboxRuntime) -> list[BaseRoute]:
         since = int(request.query_params.get("since", "0"))
         return JSONResponse([r.model_dump() for r in runtime.faults.requests(server, since)])
 
+    async def conformance(_: Request) -> JSONResponse:
+        # Responses of the sandbox that broke Google's published schemas (sandbox.conformance); must stay empty.
+        return JSONResponse(runtime.conformance.violations())
+
     async def update_config(request: Request) -> JSONResponse:
         try:
             update = ConfigUpdate.model_validate(await request.json())
@@ -69,5 +78,6 @@ def admin_routes(runtime: SandboxRuntime) -> list[BaseRoute]:
         Route("/faults", list_faults, methods=["GET"]),
         Route("/faults", clear_faults, methods=["DELETE"]),
         Route("/requests", requests, methods=["GET"]),
+        Route("/conformance", conformance, methods=["GET"]),
         Route("/config", update_config, methods=["POST"]),
     ]

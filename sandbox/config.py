@@ -29,4 +29,38 @@ class SandboxConfig(BaseModel):
     zonal_redundancy_gpu_quota: int = Field(0, ge=0, description="GPUs with zonal redundancy; new projects have none")
     cpu_quota: float = Field(200, description="regional vCPU quota for Cloud Run")
     memory_quota_gib: float = Field(800, description="regional memory quota for Cloud Run, GiB")
+    disabled_apis: list[str] = Field(
+        default_factory=list,
+        description="services not enabled in the project (e.g. 'run.googleapis.com'): Service Usage reports them "
+        "DISABLED and every call to them answers 403 SERVICE_DISABLED, as on a fresh project",
+    )
+    org_policies: dict[str, dict] = Field(
+        default_factory=dict,
+        description="effective Org Policy specs by constraint ('gcp.resourceLocations' -> {'rules': [{'values': "
+        "{'allowedValues': ['in:eu-locations']}}]}); unset constraints answer Google's default (allow all)",
+    )
+    serverless_ip_hold_seconds: float = Field(
+        3600,
+        ge=0,
+        description="simulated seconds Cloud Run keeps a deleted service's Direct VPC egress IPs reserved in its "
+        "subnet, so the subnet cannot be deleted yet (Cloud Run docs: wait 1-2 hours)",
+    )
+    caller: str = Field(
+        "user:sandbox-owner@example.com",
+        description="the principal every API call is made as (the sandbox's clients send no credentials); its "
+        "roles come from the project IAM policy, where it starts as roles/owner (see sandbox/authz)",
+    )
     seed_models: bool = Field(True, description="publish the default generated repos on the Hub stand-in")
+    metadata_port: int = Field(
+        0,
+        ge=0,
+        description="loopback port of the metadata server stand-in (0 = any free port); google-auth finds it through "
+        "GCE_METADATA_HOST / GCE_METADATA_IP, which must be set before it is imported (sandbox/metadata.py)",
+    )
+    iam_propagation_seconds: float = Field(
+        60,
+        ge=0,
+        description="simulated seconds before a new service account is visible to other APIs (setIamPolicy, "
+        "Cloud Run): IAM is eventually consistent (Google's IAM docs, 'Access change propagation': typically "
+        "within 2 minutes, up to 7); a minute keeps tests quick (0.6 s real at the default clock)",
+    )

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from sandbox.handle import SandboxHandle
+from sandbox.metadata import point_google_auth_at
 
 SPEC = Path(__file__).resolve().parent.parent / "deployments" / "tiny-chat.yaml"
 
@@ -32,7 +33,10 @@ def run_demo(state_dir: Path) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _step("Starting the sandbox: Hub, GCS, Cloud Run, Cloud Build, Compute, IAM, Secret Manager on loopback")
-    with SandboxHandle.start(state_dir) as sandbox:
+    # Identity comes from the sandbox's metadata server, as on a Cloud Run worker: google-auth must learn its
+    # address before it loads its metadata module.
+    metadata_port = point_google_auth_at()
+    with SandboxHandle.start(state_dir, "--metadata-port", str(metadata_port)) as sandbox:
         os.environ["HF_ENDPOINT"] = sandbox.hub_url  # where "the Hub" is for this run
         from flows.promote import promote_model
         from sandbox.blocks import save_sandbox_blocks
@@ -54,9 +58,14 @@ def run_demo(state_dir: Path) -> int:
         _step("Asking the model through the private service URL (an identity token is required)")
         refused = httpx.get(f"{first.service_url}/v1/models", timeout=30)
         print(f"    without a token: HTTP {refused.status_code}")
+        import google.auth.transport.requests
+        import google.oauth2.id_token
+
+        # An ID token for the service URL, minted by google-auth from the metadata server as any caller would.
+        token = google.oauth2.id_token.fetch_id_token(google.auth.transport.requests.Request(), first.service_url)
         answer = httpx.post(
             f"{first.service_url}/v1/chat/completions",
-            headers={"Authorization": "Bearer demo-identity-token"},
+            headers={"Authorization": f"Bearer {token}"},
             json={"model": first.model, "messages": [{"role": "user", "content": "Who are you?"}], "max_tokens": 24},
             timeout=60,
         ).json()

@@ -13,7 +13,7 @@ import base64
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,9 @@ class GcsFront:
         self.settings: dict[str, dict[str, Any]] = {}
         self.policies: dict[str, dict[str, Any]] = {}
         self.uploads: dict[str, UploadSession] = {}
+        # Set by the runtime to IAM's check: the "does not exist" message for a service account member that IAM
+        # cannot see yet (missing, or created moments ago), else None.
+        self.missing_account: Callable[[str], str | None] | None = None
         self.client = httpx.AsyncClient(base_url=emulator_url, timeout=httpx.Timeout(600, connect=10))
 
     def app(self) -> Starlette:
@@ -112,6 +115,10 @@ class GcsFront:
                 Route("/{path:path}", self.proxy, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]),
             ]
         )
+
+    def bucket_policy(self, bucket: str) -> dict[str, Any]:
+        """The bucket's IAM policy as ``getIamPolicy`` shows it (for permission checks in sandbox.authz)."""
+        return self.policies.get(bucket) or _default_policy(bucket, self.project)
 
     def _overlay(self, bucket: dict[str, Any]) -> dict[str, Any]:
         return {**bucket, **self.settings.get(bucket.get("name", ""), {})}
@@ -170,6 +177,14 @@ class GcsFront:
         body = json.loads(await request.body() or b"{}")
         if body.get("etag") and body["etag"] != policy["etag"]:
             return gcs_error(412, "Precondition Failed", "conditionNotMet")
+        for binding in body.get("bindings", []):
+            for member in binding.get("members", []):
+                missing = self.missing_account(member) if self.missing_account else None
+                if missing and member.startswith("serviceAccount:"):
+                    # Storage's own error shape for a member IAM cannot see yet: 400 with reason "invalid"
+                    # ("Error 400: Service account X does not exist., invalid": GoogleCloudPlatform/
+                    # data-migration-tool issue 58, a bucket binding made right after creating the account).
+                    return gcs_error(400, missing, "invalid")
         etag = base64.b64encode(secrets.token_bytes(6)).decode()
         self.policies[name] = {**_default_policy(name, self.project), "bindings": body.get("bindings", []),
                                "version": body.get("version", 1), "etag": etag}  # fmt: skip

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,10 @@ class SandboxHandle:
         entries = self.requests()
         return entries[-1]["seq"] if entries else 0
 
+    def conformance_violations(self) -> list[dict]:
+        """Responses the sandbox sent that break Google's discovery schemas (``sandbox.conformance``)."""
+        return self._ok(self.admin.get("/conformance"))
+
     def configure(self, **settings: Any) -> dict:
         """Change time scale or quotas of the running sandbox."""
         return self._ok(self.admin.post("/config", json=settings))
@@ -115,6 +121,23 @@ class SandboxHandle:
     def run(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call the Cloud Run stand-in's admin API (``/_sandbox/run/...``): instance faults, logs."""
         return self._ok(self.admin.request(method, f"/run{path}", **kwargs))
+
+    def set_caller_roles(self, roles: list[str], member: str | None = None) -> list[str]:
+        """Replace the caller's (or ``member``'s) roles in the project IAM policy; returns the roles it held."""
+        before = self._ok(self.admin.get("/resourcemanager/policy"))
+        who = member or before["caller"]
+        held = sorted({b["role"] for b in before["policy"].get("bindings", []) if who in b.get("members", [])})
+        self._ok(self.admin.post("/resourcemanager/caller-roles", json={"roles": roles, "member": who}))
+        return held
+
+    @contextlib.contextmanager
+    def caller_roles(self, roles: list[str]) -> Iterator[None]:
+        """The caller holds exactly ``roles`` on the project inside the block; its previous roles come back after."""
+        previous = self.set_caller_roles(roles)
+        try:
+            yield
+        finally:
+            self.set_caller_roles(previous)
 
     def stop(self) -> None:
         self.admin.close()

@@ -17,14 +17,19 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount
 
 from sandbox.admin import admin_routes
+from sandbox.authz.middleware import AuthzMiddleware
 from sandbox.config import SANDBOX_HF_TOKEN, SandboxConfig
+from sandbox.conformance import ConformanceLog, ConformanceMiddleware
 from sandbox.control import ApiModule, ControlContext, build_modules
 from sandbox.control.errors import GoogleApiError, google_error_handler
+from sandbox.control.serviceusage import ServiceGate
 from sandbox.faults import FaultMiddleware, FaultRegistry
 from sandbox.gcs import FakeGcs, start_fake_gcs
 from sandbox.gcs_front import GcsFront
 from sandbox.hub.app import build_cdn_app, build_hub_app, hub_admin_routes
 from sandbox.hub.state import HubState, seed_default_repos
+from sandbox.identity import TokenIssuer
+from sandbox.metadata import RequireFlavor, build_metadata_app
 from sandbox.serving import ServedApp, serve_app
 
 INFO_FILE = "sandbox.json"
@@ -37,7 +42,9 @@ class SandboxRuntime:
         self.state_dir = state_dir
         self.config = config or SandboxConfig()
         self.faults = FaultRegistry()
+        self.conformance = ConformanceLog()
         self.hub = HubState()
+        self.identity = TokenIssuer()  # signs the metadata server's ID tokens; Cloud Run front ends verify them
         self.gcs: FakeGcs | None = None
         self.gcs_front: GcsFront | None = None
         self.apis: list[ApiModule] = []
@@ -47,7 +54,12 @@ class SandboxRuntime:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.gcs = await asyncio.to_thread(start_fake_gcs, self.state_dir / "gcs")
         self.gcs_front = GcsFront(self.gcs.url, self.config.project, self.state_dir / "gcs" / "uploads")
-        self.servers["gcs"] = await serve_app(FaultMiddleware(self.gcs_front.app(), "gcs", self.faults), "gcs")
+        # Responses of the GCS front (and fake-gcs-server behind it) are held to storage.v1 (sandbox.conformance).
+        gcs_app = ConformanceMiddleware(self.gcs_front.app(), self.conformance, ("storage.v1",), check_requests=False)
+        # Permission checks for storage.* methods, as the caller (sandbox.authz); the context is built below.
+        gcs_app = AuthzMiddleware(gcs_app, lambda: self.ctx, ("storage.v1",))
+        gcs_app = ServiceGate(gcs_app, self.config)  # a disabled Cloud Storage API refuses too
+        self.servers["gcs"] = await serve_app(FaultMiddleware(gcs_app, "gcs", self.faults), "gcs")
         if self.config.seed_models:
             seed_default_repos(self.hub)
         cdn = await serve_app(FaultMiddleware(build_cdn_app(self.hub), "cdn", self.faults), "cdn")
@@ -60,14 +72,27 @@ class SandboxRuntime:
             state_dir=self.state_dir,
             gcs_url=self.servers["gcs"].url,
             gcs_emulator_url=self.gcs.url,
+            hub_url=self.servers["hub"].url,
+            identity=self.identity,
+            gcs_front=self.gcs_front,
+        )
+        metadata = RequireFlavor(build_metadata_app(self.config, self.identity))
+        self.servers["metadata"] = await serve_app(
+            FaultMiddleware(metadata, "metadata", self.faults), "metadata", self.config.metadata_port
         )
         self.apis = build_modules(self.ctx)
+        iam = self.ctx.module("iam")
+        self.gcs_front.missing_account = iam.missing_account if iam is not None else None
         control = Starlette(
             routes=self._control_routes(),
             exception_handlers={GoogleApiError: google_error_handler},
         )
+        # Faults outermost (a rule answers before anything is checked); inside the service gate, conformance to
+        # Google's published schemas (sandbox.conformance: a malformed call fails before permissions are checked).
+        checked = ConformanceMiddleware(AuthzMiddleware(control, self.ctx), self.conformance)  # authz: caller's IAM
+        checked = ServiceGate(checked, self.config)  # a disabled API refuses before anything else looks
         self.servers["control"] = await serve_app(
-            FaultMiddleware(control, "control", self.faults, record_bodies=True), "control"
+            FaultMiddleware(checked, "control", self.faults, record_bodies=True), "control"
         )
         self.ctx.control_url = self.servers["control"].url
         info = self.info()
@@ -97,6 +122,7 @@ class SandboxRuntime:
             "cdn_url": self.servers["cdn"].url,
             "gcs_url": self.servers["gcs"].url,
             "gcs_emulator_url": self.gcs.url,
+            "metadata_url": self.servers["metadata"].url,
             "time_scale": self.config.time_scale,
             "target": {
                 "project": self.config.project,
@@ -110,6 +136,9 @@ class SandboxRuntime:
                     "secretmanager": control,
                     "artifactregistry": control,
                     "logging": control,
+                    "serviceusage": control,
+                    "cloudresourcemanager": control,
+                    "orgpolicy": control,
                     "storage": self.servers["gcs"].url,
                 },
                 "operation_poll_seconds": 0.05,

@@ -17,6 +17,7 @@ from blocks.target import GcpTarget
 from tasks import clients
 from tasks.gcp import POLICY_CONFLICT_RETRY, EnsureResult, InfraError, gcp_errors
 from tasks.infra import PUBLIC_MEMBERS, secret_path
+from tasks.propagation import when_visible
 
 OBJECT_VIEWER = "roles/storage.objectViewer"
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
@@ -52,7 +53,8 @@ def grant_bucket_object_viewer(target: GcpTarget) -> EnsureResult:
         return changes
 
     with gcp_errors("storage", "roles/storage.admin", f"IAM policy of gs://{target.bucket_name}", target.project):
-        changes = POLICY_CONFLICT_RETRY(edit)()
+        # A service account created moments ago is unknown to Cloud Storage until IAM has propagated it.
+        changes = when_visible(POLICY_CONFLICT_RETRY(edit), target.service_account_email, "Cloud Storage")
     return _result("iam", f"gs://{target.bucket_name} {OBJECT_VIEWER} {member}", changes)
 
 
@@ -89,12 +91,16 @@ def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None) -> En
     name = secret_path(target, secret_id)
     member = _member(target)
     with gcp_errors("secretmanager", "roles/secretmanager.admin", f"IAM policy of {name}", target.project):
-        changes = POLICY_CONFLICT_RETRY(_edit_pb_policy)(
-            lambda: manager.get_iam_policy(request={"resource": name}),
-            lambda policy: manager.set_iam_policy(request={"resource": name, "policy": policy}),
-            SECRET_ACCESSOR,
-            {member},
-            False,
+        changes = when_visible(  # a new service account is unknown to Secret Manager until IAM propagates it
+            lambda: POLICY_CONFLICT_RETRY(_edit_pb_policy)(
+                lambda: manager.get_iam_policy(request={"resource": name}),
+                lambda policy: manager.set_iam_policy(request={"resource": name, "policy": policy}),
+                SECRET_ACCESSOR,
+                {member},
+                False,
+            ),
+            target.service_account_email,
+            "Secret Manager",
         )
     return _result("iam", f"{name} {SECRET_ACCESSOR} {member}", changes)
 

@@ -200,6 +200,11 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
         # parent alone selects the regional endpoint (FACTS.md); the build runs in the service's region.
         try:
             operation = client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
+        except gexc.BadRequest as exc:
+            fix = _identity_fix(plan, request.service_account, exc.message)
+            if fix is None:
+                raise
+            raise ImageBuildError(f"building {plan.tagged} was refused: {exc.message}; fix: {fix}") from None
         except gexc.ServerError:
             build_id = _attempt_build_id(client, target, marker)
             if build_id is not None:
@@ -268,8 +273,38 @@ def build_image(
     )
 
 
+def _identity_fix(plan: BuildPlan, account: str, log: str) -> str | None:
+    """The grant a build identity lacks, from Cloud Build's log line, as the command that grants it."""
+    email = account.rsplit("/", 1)[-1]
+    member = f"serviceAccount:{email}"
+    if "artifactregistry.repositories.uploadArtifacts" in log:  # docker push: "denied: Permission ..."
+        host, project, repository = plan.image.split("/")[:3]
+        location = host.removesuffix("-docker.pkg.dev")
+        return (
+            f"the build identity {email} may not push to the repository; grant it roles/artifactregistry.writer "
+            f"there (the ensure-infrastructure step does): `gcloud artifacts repositories add-iam-policy-binding "
+            f"{repository} --project {project} --location {location} --member {member} "
+            "--role roles/artifactregistry.writer`"
+        )
+    if "does not have storage.objects.get access" in log:  # FETCHSOURCE: "AccessDeniedException: 403 ..."
+        return (
+            f"the build identity {email} may not read the build source; grant it roles/storage.objectViewer on the "
+            f"bucket (the ensure-infrastructure step does): `gcloud storage buckets add-iam-policy-binding "
+            f"gs://{plan.source_bucket} --member {member} --role roles/storage.objectViewer`"
+        )
+    if "builder service account does not have access to the bucket" in log:  # create: 400 invalid bucket
+        bucket = plan.logs_bucket.removeprefix("gs://").split("/")[0]
+        return (
+            f"the build identity {email} may not write the build log; grant it roles/storage.objectCreator on the "
+            f"bucket (the ensure-infrastructure step does): `gcloud storage buckets add-iam-policy-binding "
+            f"gs://{bucket} --member {member} --role roles/storage.objectCreator`"
+        )
+    return None
+
+
 def _failure_message(plan: BuildPlan, finished: cloudbuild_v1.Build, status: Status, tail: str) -> str:
-    fix = next((fix for marker, fix in KNOWN_FIXES.items() if marker in tail), None)
+    fix = _identity_fix(plan, finished.service_account, tail)
+    fix = fix or next((fix for marker, fix in KNOWN_FIXES.items() if marker in tail), None)
     return (
         f"building {plan.tagged} ended {status.name}"
         + (f"; fix: {fix}" if fix else "")

@@ -25,6 +25,7 @@ from blocks.target import GcpTarget
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 IAM_DEFAULT_ENDPOINT = "https://iam.googleapis.com"
 LOGGING_DEFAULT_ENDPOINT = "https://logging.googleapis.com"
+SERVICEUSAGE_DEFAULT_ENDPOINT = "https://serviceusage.googleapis.com"
 HUB_DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
@@ -146,6 +147,46 @@ def logging_api(target: GcpTarget) -> LoggingRest:
     return LoggingRest(AuthorizedSession(credentials(target)), target.endpoint("logging") or LOGGING_DEFAULT_ENDPOINT)
 
 
+def service_usage(target: GcpTarget):
+    """Service Usage API v1: which APIs the project has enabled (doctor)."""
+    from google.cloud import service_usage_v1
+
+    return _rest_client(service_usage_v1.ServiceUsageClient, target, "serviceusage")
+
+
+def projects(target: GcpTarget):
+    """Cloud Resource Manager API v3: projects (testIamPermissions for doctor)."""
+    from google.cloud import resourcemanager_v3
+
+    return _rest_client(resourcemanager_v3.ProjectsClient, target, "cloudresourcemanager")
+
+
+def org_policy(target: GcpTarget):
+    """Organization Policy API v2: effective policies on the project (doctor)."""
+    from google.cloud import orgpolicy_v2
+
+    return _rest_client(orgpolicy_v2.OrgPolicyClient, target, "orgpolicy")
+
+
+@dataclass(frozen=True)
+class QuotaRest:
+    """Service Usage v1beta1 consumer quota metrics (Cloud Run GPU quota), called over REST: no google-cloud-*
+    library covers v1beta1, and the Cloud Quotas API client is not needed for one read."""
+
+    session: AuthorizedSession
+    base_url: str
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}/v1beta1/{path.lstrip('/')}"
+
+
+def quotas(target: GcpTarget) -> QuotaRest:
+    """Service Usage API v1beta1 (consumer quota metrics): an authorized session and the target's endpoint."""
+    return QuotaRest(
+        AuthorizedSession(credentials(target)), target.endpoint("serviceusage") or SERVICEUSAGE_DEFAULT_ENDPOINT
+    )
+
+
 def operation_polling(target: GcpTarget):
     """Polling policy for long-running operations: the client default unless the target sets an interval."""
     if target.operation_poll_seconds is None:
@@ -156,13 +197,14 @@ def operation_polling(target: GcpTarget):
 
 
 def identity_token(target: GcpTarget, audience: str) -> SecretStr:
-    """An identity token for calling a private Cloud Run URL (lesson 21).
+    """A Google-signed ID token whose ``aud`` is ``audience``, for calling a private Cloud Run service (lesson 21).
 
-    Service accounts and the metadata server mint one for the audience; user credentials carry one after a
-    refresh. A target of local stand-ins uses a placeholder: its front ends only check that one is sent.
+    Cloud Run accepts only the service's own run.app URLs (or its custom audiences) as audience, not a tag URL:
+    pass the service URL, also when calling a tag URL. The target's service-account key mints one through its
+    token endpoint; otherwise google-auth's ``fetch_id_token`` uses GOOGLE_APPLICATION_CREDENTIALS, then the
+    metadata server (a Cloud Run worker or VM; the offline sandbox serves one too); user credentials carry one
+    after a refresh.
     """
-    if target.anonymous_credentials:
-        return SecretStr("sandbox-identity-token")
     import google.auth.transport.requests
     import google.oauth2.id_token
 
@@ -180,6 +222,8 @@ def identity_token(target: GcpTarget, audience: str) -> SecretStr:
         return SecretStr(google.oauth2.id_token.fetch_id_token(request, audience))
     except google.auth.exceptions.DefaultCredentialsError:
         user = credentials(target)
+        if isinstance(user, AnonymousCredentials):
+            raise  # nothing that could sign for us: no key, no metadata server
         user.refresh(request)
         token = getattr(user, "id_token", None)
         if not token:

@@ -21,6 +21,7 @@ from tasks.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.logs import run_logger
 from tasks.preflight import CANDIDATE_TAG
 from tasks.probe import Verification, VerificationFailed, VerifyOptions, verify
+from tasks.propagation import when_visible
 from tasks.revision_logs import revision_log_tail
 from tasks.teardown import delete_service
 
@@ -28,7 +29,8 @@ BY_REVISION = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_
 LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
 Ready = run_v2.Condition.State
 MAX_SERVICE_ID = 46 - len(CANDIDATE_TAG)
-PROMOTED_FIELDS = ["template", "traffic", "labels", "ingress", "invoker_iam_disabled"]
+# launch_stage goes with the template: a preview GPU in the new revision needs BETA on the service.
+PROMOTED_FIELDS = ["template", "traffic", "labels", "ingress", "invoker_iam_disabled", "launch_stage"]
 
 
 class DeployFailed(RuntimeError):
@@ -111,8 +113,11 @@ def _failure_details(target: GcpTarget, service_id: str, revision: str, error: E
         reason = ready.message if ready and ready.message else str(error)
     except gexc.NotFound:
         reason = str(error)
-    logs = revision_log_tail(target, service_id, revision, 40)
-    tail = "\n".join(logs) if logs else "(no container output)"
+    try:
+        logs = revision_log_tail(target, service_id, revision, 40)
+        tail = "\n".join(logs) if logs else "(no container output)"
+    except InfraError as exc:  # the deploy failure is the story; a log we may not read must not hide it
+        tail = f"(not readable: {exc})"
     return f"revision {revision} of {service_id} did not become ready: {reason}\ncontainer log (last lines):\n{tail}"
 
 
@@ -144,6 +149,12 @@ def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -
         except gexc.NotFound:
             return _first_deploy(target, service_id, spec)
         serving = _serving(current)
+        if not serving:
+            # A service that serves nothing: a first deploy killed before its revision became ready, or one whose
+            # revision failed. Pinning 0 % to a candidate would be refused ("percentages must add up to 100"), and
+            # nothing verified ever served from it: start over as a first deploy.
+            delete_service(target, service_id)
+            return _first_deploy(target, service_id, spec)
         revision, existing = _free_revision_name(target, service_id, spec.template.revision)
         if existing is not None and serving == [(revision, 100)]:
             unverified = next((s for s in current.traffic_statuses if s.tag == CANDIDATE_TAG), None)
@@ -163,8 +174,12 @@ def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -
                                                                 tag=CANDIDATE_TAG)]  # fmt: skip
         try:
             # Only what the pipeline owns: service-level scaling (set by scale-service) must survive a promotion.
-            operation = services.update_service(
-                service=spec, update_mask=field_mask_pb2.FieldMask(paths=PROMOTED_FIELDS), retry=GCP_RETRY
+            operation = when_visible(  # a new runtime account: Cloud Run's actAs check waits for IAM to propagate it
+                lambda: services.update_service(
+                    service=spec, update_mask=field_mask_pb2.FieldMask(paths=PROMOTED_FIELDS), retry=GCP_RETRY
+                ),
+                spec.template.service_account,
+                "Cloud Run",
             )
             updated = wait_for(operation, clients.operation_polling(target))
         except gexc.GoogleAPICallError as exc:
@@ -180,8 +195,12 @@ def _first_deploy(target: GcpTarget, service_id: str, spec: run_v2.Service) -> C
     spec = run_v2.Service(spec)
     spec.traffic = [run_v2.TrafficTarget(type_=LATEST, percent=100, tag=CANDIDATE_TAG)]
     try:
-        operation = services.create_service(
-            parent=target.location_path, service=spec, service_id=service_id, retry=GCP_RETRY
+        operation = when_visible(  # a new runtime account: Cloud Run's actAs check waits for IAM to propagate it
+            lambda: services.create_service(
+                parent=target.location_path, service=spec, service_id=service_id, retry=GCP_RETRY
+            ),
+            spec.template.service_account,
+            "Cloud Run",
         )
         created = wait_for(operation, clients.operation_polling(target))
     except gexc.GoogleAPICallError as exc:
@@ -228,7 +247,8 @@ def roll_out(
             service=candidate.service, service_url=candidate.service_url, revision=candidate.revision,
             previous_revision=candidate.revision, first_deploy=False, unchanged=True,
         )  # fmt: skip
-    token: SecretStr = clients.identity_token(target, candidate.url)
+    # The audience is the service URL even though the probe calls the tag URL: Cloud Run refuses a tag URL as aud.
+    token: SecretStr = clients.identity_token(target, candidate.service_url)
     try:
         verification = verify(candidate.url, token, served_name, options)
     except VerificationFailed as exc:
@@ -321,7 +341,7 @@ def verify_candidate(
     target: GcpTarget, candidate: Candidate, served_name: str, options: VerifyOptions | None = None
 ) -> Verification:
     """Verify at the candidate's URL; the identity token is minted here, never passed around."""
-    return verify(candidate.url, clients.identity_token(target, candidate.url), served_name, options)
+    return verify(candidate.url, clients.identity_token(target, candidate.service_url), served_name, options)
 
 
 run_deploy_candidate = task(name="run_deploy_candidate")(deploy_candidate)

@@ -15,6 +15,8 @@ from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry, if_exception_type
 from pydantic import BaseModel, Field
 
+from tasks.permissions import explain_denied, explain_permission
+
 T = TypeVar("T")
 
 TRANSIENT = (
@@ -34,7 +36,7 @@ POLICY_CONFLICT_RETRY = Retry(
     timeout=60.0,
 )
 
-Action = Literal["created", "found", "updated", "deleted", "absent"]
+Action = Literal["created", "found", "updated", "deleted", "absent", "held"]  # held: in use, retry later
 
 
 class InfraError(RuntimeError):
@@ -71,6 +73,13 @@ def explain_forbidden(exc: gexc.GoogleAPICallError, api: str, role: str, what: s
             f"{what}: the {title} API is not enabled in project {project}; enable it with "
             f"`gcloud services enable {service} --project {project}` and run again"
         )
+    # Google's message names the missing permission (each API in its own words): name it and the role to grant.
+    named = explain_denied(text, project)
+    permission = (getattr(exc, "metadata", None) or {}).get("permission")
+    if named is None and permission:  # e.g. Cloud Build's "The caller does not have permission" + its ErrorInfo
+        named = explain_permission(permission, project)
+    if named is not None:
+        return InfraError(f"{what}: permission denied in project {project}: {named}; then run again")
     return InfraError(
         f"{what}: permission denied in project {project}; grant the identity running this flow {role} "
         f"(or a role that includes it) and run again"

@@ -144,8 +144,13 @@ def render_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs
         options=cloudbuild_v1.BuildOptions(
             machine_type=cloudbuild_v1.BuildOptions.MachineType[build.machine_type],
             disk_size_gb=build.disk_size_gb,
+            # A build with its own serviceAccount must say where logs go (else 400); ours go to our bucket only,
+            # which the build identity may write (tasks/build_identity.py): no Cloud Logging role needed.
+            logging=cloudbuild_v1.BuildOptions.LoggingMode.GCS_ONLY,
         ),
         logs_bucket=plan.logs_bucket,
+        # The dedicated least-privilege build identity, not the project's default one (tasks/build_identity.py).
+        service_account=f"projects/{target.project}/serviceAccounts/{target.build_service_account_email}",
         tags=["hf-cloudrun-pipeline", build.image_name.replace("/", "-"), f"max-jobs-{max_jobs}"],
     )
 

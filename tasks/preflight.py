@@ -240,8 +240,44 @@ def check_service(profile: ServingProfile, service: run_v2.Service) -> list[Find
         findings.append(
             _error("args", f"model '{model}' is a Hub id: the container would download it at boot; stage it", 11)
         )
-    if env.get("HF_HUB_OFFLINE") != "1":
+    if env.get("HF_HUB_OFFLINE") != "1" and not profile.hf_token_at_runtime:
         findings.append(_warning("env", "HF_HUB_OFFLINE is not 1: a missing file would be fetched from the Hub", 11))
+    return findings + check_runtime_hub(service)
+
+
+def check_runtime_hub(service: run_v2.Service) -> list[Finding]:
+    """Runtime Hub access (HF_TOKEN in the container) needs a way out: no HF_HUB_OFFLINE=1, and egress that
+    reaches the internet. Direct VPC egress with ALL_TRAFFIC has none without Cloud NAT (Cloud Run networking
+    best practices); the renderer picks PRIVATE_RANGES_ONLY for hf_token_at_runtime (tasks/render.py,
+    vpc_egress), so this refuses a spec that was edited or rendered otherwise."""
+    template = service.template
+    container = template.containers[0]
+    names = {e.name for e in container.env}
+    if "HF_TOKEN" not in names:
+        return []
+    findings = []
+    env = {e.name: e.value for e in container.env if not e.value_source}
+    if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        findings.append(
+            _error(
+                "hf_token_at_runtime",
+                "the container gets HF_TOKEN to reach the Hub at runtime, but HF_HUB_OFFLINE=1 refuses every Hub "
+                "call; remove HF_HUB_OFFLINE from the profile's env, or turn hf_token_at_runtime off",
+                11,
+            )
+        )
+    vpc = template.vpc_access
+    if (vpc.network_interfaces or vpc.connector) and vpc.egress == run_v2.VpcAccess.VpcEgress.ALL_TRAFFIC:
+        findings.append(
+            _error(
+                "hf_token_at_runtime",
+                "the container gets HF_TOKEN to reach the Hub at runtime, but Direct VPC egress ALL_TRAFFIC sends "
+                "every packet into the VPC, which has no internet without Cloud NAT: render the service with "
+                "PRIVATE_RANGES_ONLY egress (the pipeline does for hf_token_at_runtime), or turn "
+                "hf_token_at_runtime off and keep the weights staged",
+                15,
+            )
+        )
     return findings
 
 

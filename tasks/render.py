@@ -5,7 +5,8 @@ tasks/cloudrun.py. The field lessons are defaults here: `vllm serve` first for t
 `--enforce-eager` (3), the port Cloud Run routes to (4), the model positional (5), max instances within the
 GPU quota (6), the CPU-mode environment (9), an httpGet /health probe sized from the weights (12), zonal
 redundancy off (13), weights from a Cloud Storage volume or gs:// with Direct VPC egress (15), concurrency of
-twice max_num_seqs (20), a private service (21). Nothing downloads at boot: HF_HUB_OFFLINE=1 (11).
+twice max_num_seqs (20), a private service (21). Nothing downloads at boot: HF_HUB_OFFLINE=1 (11), unless the
+profile asks for runtime Hub access (then egress that reaches the internet: see vpc_egress).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import yaml
+from google.api import launch_stage_pb2
 from google.cloud import run_v2
 from google.protobuf import duration_pb2
 
-from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
+from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
 from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
@@ -164,6 +166,31 @@ def revision_name(service_id: str, weights: Weights, image: str, profile: Servin
     return f"{service_id}-{weights.commit[:7]}-{digest}"[:63].rstrip("-")
 
 
+def vpc_egress(profile: ServingProfile) -> run_v2.VpcAccess.VpcEgress:
+    """Direct VPC egress: ALL_TRAFFIC, or PRIVATE_RANGES_ONLY when the container must reach the Hub at runtime.
+
+    Design (issue 12). ALL_TRAFFIC sends every packet into the VPC; with Private Google Access on the subnet,
+    Cloud Storage is reached over Google's network (lesson 15: faster weight loading), but the public internet
+    is not: Cloud Run's networking best practices say all-traffic egress "must set up Cloud NAT to reach the
+    public internet". That is right for a service that never leaves Google (HF_HUB_OFFLINE=1). A profile with
+    ``hf_token_at_runtime`` exists to reach the Hub, so it gets PRIVATE_RANGES_ONLY instead: private ranges
+    still go into the VPC, everything else (the Hub, and Cloud Storage's public endpoint) goes out Cloud Run's
+    own path, which has internet. We chose this over requiring a Cloud NAT (a paid gateway, a router and a
+    target setting to keep in sync) so that runtime Hub access works on a default project; the price is weight
+    loading without the VPC path. Preflight refuses a rendered service that still combines runtime Hub access
+    with ALL_TRAFFIC or HF_HUB_OFFLINE=1 (tasks/preflight.py, check_runtime_hub).
+    """
+    if profile.hf_token_at_runtime:
+        return run_v2.VpcAccess.VpcEgress.PRIVATE_RANGES_ONLY
+    return run_v2.VpcAccess.VpcEgress.ALL_TRAFFIC
+
+
+def _egress_flag(template: run_v2.RevisionTemplate) -> str:
+    """gcloud's --vpc-egress value (and the Knative annotation) for the template's egress."""
+    all_traffic = template.vpc_access.egress == run_v2.VpcAccess.VpcEgress.ALL_TRAFFIC
+    return "all-traffic" if all_traffic else "private-ranges-only"
+
+
 def _secret_env(profile: ServingProfile, target: GcpTarget) -> list[run_v2.EnvVar]:
     """HF_TOKEN as a reference to the target's secret: Cloud Run reads it at start, nothing holds the value."""
     if not profile.hf_token_at_runtime:
@@ -183,7 +210,8 @@ def render_service(
 ) -> run_v2.Service:
     """The Cloud Run v2 Service for one model on one profile."""
     model = model_location(profile, target, weights)
-    env = {"HF_HUB_OFFLINE": "1", **profile.env}
+    # Offline unless the profile asks for runtime Hub access: then HF_HUB_OFFLINE=1 would refuse every Hub call.
+    env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **profile.env}
     if entrypoint_style(image, profile) == "env-wrapper":
         env.update({"MODEL_PATH": model, "SERVED_MODEL_NAME": source.served_model_name})
     limits = {"cpu": str(profile.cpu), "memory": f"{profile.memory_gib}Gi"}
@@ -215,7 +243,7 @@ def render_service(
         ],
         vpc_access=run_v2.VpcAccess(
             network_interfaces=[run_v2.VpcAccess.NetworkInterface(network=target.network, subnetwork=target.subnet)],
-            egress=run_v2.VpcAccess.VpcEgress.ALL_TRAFFIC,
+            egress=vpc_egress(profile),
         ),
     )
     if profile.load_mode == "gcs-volume":
@@ -239,9 +267,19 @@ def render_service(
         labels=service_labels(target, weights),
         ingress=run_v2.IngressTraffic.INGRESS_TRAFFIC_ALL,  # reachable, but private: callers need run.invoker
         invoker_iam_disabled=False,
+        launch_stage=launch_stage(profile),
         template=template,
         traffic=traffic or [],
     )
+
+
+def launch_stage(profile: ServingProfile) -> str:
+    """GA, or BETA when the profile's GPU is a preview feature (Cloud Run refuses it at GA with a 400)."""
+    return GPUS[profile.gpu_type].launch_stage if profile.gpu_type else "GA"
+
+
+def _is_beta(service: run_v2.Service) -> bool:
+    return service.launch_stage == launch_stage_pb2.LaunchStage.BETA
 
 
 def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) -> str:
@@ -250,8 +288,10 @@ def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) 
     container = template.containers[0]
     limits = dict(container.resources.limits)
     probe = container.startup_probe
+    # A preview feature (the RTX Pro 6000) needs the beta track, as seed 004 deploys it; it sets launchStage BETA.
+    track = ["gcloud", "beta", "run", "deploy"] if _is_beta(service) else ["gcloud", "run", "deploy"]
     parts = [
-        "gcloud", "run", "deploy", service_id,
+        *track, service_id,
         f"--project={target.project}", f"--region={target.region}",
         f"--image={container.image}",
         f"--cpu={limits['cpu']}", f"--memory={limits['memory']}",
@@ -266,7 +306,7 @@ def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) 
         "--no-allow-unauthenticated",
         f"--network={template.vpc_access.network_interfaces[0].network}",
         f"--subnet={template.vpc_access.network_interfaces[0].subnetwork}",
-        "--vpc-egress=all-traffic",
+        f"--vpc-egress={_egress_flag(template)}",
         f"--startup-probe=httpGet.path={probe.http_get.path},httpGet.port={probe.http_get.port},"
         f"initialDelaySeconds={probe.initial_delay_seconds},periodSeconds={probe.period_seconds},"
         f"timeoutSeconds={probe.timeout_seconds},failureThreshold={probe.failure_threshold}",
@@ -291,7 +331,7 @@ def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) 
         parts.append("--set-secrets=" + ",".join(f"{k}={v}" for k, v in secrets.items()))  # references, never values
     labels = ",".join(f"{k}={v}" for k, v in sorted(template.labels.items()))
     parts += [f"--labels={labels}", _gcloud_list("--args", list(container.args))]
-    head, flags = " ".join(shlex.quote(p) for p in parts[:4]), parts[4:]
+    head, flags = " ".join(shlex.quote(p) for p in parts[: len(track) + 1]), parts[len(track) + 1 :]
     return " \\\n  ".join([head, *(shlex.quote(flag) for flag in flags)])
 
 
@@ -335,7 +375,7 @@ def service_yaml(service_id: str, target: GcpTarget, service: run_v2.Service) ->
         "run.googleapis.com/network-interfaces": json.dumps(
             [{"network": i.network, "subnetwork": i.subnetwork} for i in template.vpc_access.network_interfaces]
         ),
-        "run.googleapis.com/vpc-access-egress": "all-traffic",
+        "run.googleapis.com/vpc-access-egress": _egress_flag(template),
     }
     if template.node_selector.accelerator:
         annotations["run.googleapis.com/gpu-zonal-redundancy-disabled"] = str(
@@ -373,7 +413,12 @@ def service_yaml(service_id: str, target: GcpTarget, service: run_v2.Service) ->
         "metadata": {
             "name": service_id,
             "labels": {**dict(service.labels), "cloud.googleapis.com/location": target.region},
-            "annotations": {"run.googleapis.com/ingress": "all"},
+            "annotations": {
+                "run.googleapis.com/ingress": "all",
+                # Knative form of the v2 launchStage: a preview GPU is refused without it (Cloud Run troubleshooting,
+                # "launch-stage-validation"); `gcloud beta run services replace` keeps it.
+                **({"run.googleapis.com/launch-stage": "BETA"} if _is_beta(service) else {}),
+            },
         },
         "spec": {
             "template": {

@@ -16,6 +16,7 @@ from blocks.target import GcpTarget
 from tasks import clients
 from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for
 from tasks.infra import iam_call, secret_path, wait_global_operation, wait_region_operation
+from tasks.subnet_hold import holder_of, subnet_hold
 
 
 def delete_service(target: GcpTarget, service_id: str) -> EnsureResult:
@@ -31,6 +32,8 @@ def delete_service(target: GcpTarget, service_id: str) -> EnsureResult:
 
 
 def delete_subnet(target: GcpTarget) -> EnsureResult:
+    """The Direct VPC egress subnet; while Cloud Run still holds IPs in it, a ``held`` result that says what holds
+    it and when to retry (tasks/subnet_hold.py) instead of an error."""
     name = f"projects/{target.project}/regions/{target.region}/subnetworks/{target.subnet}"
     subnetworks = clients.compute_subnetworks(target)
     with gcp_errors("compute", "roles/compute.networkAdmin", f"deleting subnet {target.subnet}", target.project):
@@ -40,6 +43,10 @@ def delete_subnet(target: GcpTarget) -> EnsureResult:
             )
         except gexc.NotFound:
             return EnsureResult(kind="subnet", name=name, action="absent")
+        except gexc.BadRequest as exc:
+            if (holder := holder_of(exc)) is None:
+                raise
+            return subnet_hold(target, holder)
         wait_region_operation(target, operation, f"deleting subnet {target.subnet}")
     return EnsureResult(kind="subnet", name=name, action="deleted")
 

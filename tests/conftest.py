@@ -12,23 +12,34 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # a closed port: a test that f
 os.environ.pop("HF_TOKEN", None)
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbox.handle import SandboxHandle
+from sandbox.metadata import point_google_auth_at
+
+# Before google-auth's metadata module is imported (it reads GCE_METADATA_HOST once; nothing above imports it):
+# ID tokens come from the session sandbox's metadata server, as they would from a Cloud Run worker's.
+METADATA_PORT = point_google_auth_at()
 
 
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxHandle]:
     """A running sandbox (all stand-ins on loopback) shared by the session; faults are reset per test."""
     state_dir: Path = tmp_path_factory.mktemp("sandbox")
-    handle = SandboxHandle.start(state_dir)
+    handle = SandboxHandle.start(state_dir, "--metadata-port", str(METADATA_PORT))
+    violations: list[dict] = []
     try:
         yield handle
+        violations = handle.conformance_violations()
     finally:
         handle.stop()
+    # A sandbox that invents or misnames a field in a response fails the session (sandbox.conformance).
+    assert not violations, "sandbox responses broke Google's discovery schemas:\n" + "\n".join(
+        f"{v['http']} ({v['method']}): {'; '.join(v['problems'])}" for v in violations
+    )
 
 
 @pytest.fixture
@@ -37,6 +48,35 @@ def sb(sandbox: SandboxHandle) -> Iterator[SandboxHandle]:
     sandbox.clear_faults()
     yield sandbox
     sandbox.clear_faults()
+
+
+@pytest.fixture
+def ip_hold(sandbox: SandboxHandle) -> Iterator[Callable[[float], dict]]:
+    """A setter for how long Cloud Run keeps a deleted service's Direct VPC egress IPs (simulated seconds, the
+    sandbox's ``serverless_ip_hold_seconds``); the session's value is restored after the test."""
+    before = sandbox.configure()["serverless_ip_hold_seconds"]
+    try:
+        yield lambda seconds: sandbox.configure(serverless_ip_hold_seconds=seconds)
+    finally:
+        sandbox.configure(serverless_ip_hold_seconds=before)
+
+
+@pytest.fixture
+def iam_propagation(sandbox: SandboxHandle) -> Iterator[Callable[[float], dict]]:
+    """A setter for how long a new service account stays unknown to other APIs (simulated seconds, the
+    sandbox's ``iam_propagation_seconds``); the session's value is restored after the test."""
+    before = sandbox.configure()["iam_propagation_seconds"]
+    try:
+        yield lambda seconds: sandbox.configure(iam_propagation_seconds=seconds)
+    finally:
+        sandbox.configure(iam_propagation_seconds=before)
+
+
+@pytest.fixture
+def iam_propagated(iam_propagation: Callable[[float], dict]) -> None:
+    """New service accounts visible at once: for tests that bind or deploy one with raw calls (no product wait)
+    while testing something else; tests/integration/test_iam_propagation.py covers the window itself."""
+    iam_propagation(0)
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,9 @@ class ControlContext:
     gcs_url: str
     gcs_emulator_url: str
     control_url: str = ""
+    hub_url: str = ""  # the Hub stand-in: "the internet" for containers whose egress reaches it
+    gcs_front: object | None = None  # sandbox.gcs_front.GcsFront: bucket IAM policies for sandbox.authz
+    identity: object | None = None  # sandbox.identity.TokenIssuer: the key ID tokens are signed and checked with
     modules: dict[str, ApiModule] = field(default_factory=dict)
 
     def module(self, name: str):
@@ -53,8 +56,11 @@ def build_modules(ctx: ControlContext) -> list[ApiModule]:
     from sandbox.control.iam import Iam
     from sandbox.control.logging import Logging
     from sandbox.control.operations import Operations
+    from sandbox.control.orgpolicy import OrgPolicy
+    from sandbox.control.resourcemanager import ResourceManager
     from sandbox.control.run import CloudRun
     from sandbox.control.secretmanager import SecretManager
+    from sandbox.control.serviceusage import ServiceUsage
 
     modules: list[ApiModule] = [
         Operations(ctx),
@@ -65,6 +71,9 @@ def build_modules(ctx: ControlContext) -> list[ApiModule]:
         ArtifactRegistry(ctx),
         CloudBuild(ctx),
         Logging(ctx),
+        ServiceUsage(ctx),
+        OrgPolicy(ctx),
+        ResourceManager(ctx),
     ]
     ctx.modules.update({m.name: m for m in modules})
     return modules

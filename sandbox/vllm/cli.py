@@ -82,6 +82,7 @@ class ServeArgs:
     disable_uvicorn_access_log: bool = False
     uvicorn_log_level: str = "info"
     chat_template: str | None = None
+    tokenizer: str | None = None
     seed: int | None = None
     max_num_batched_tokens: int | None = None
     swap_space: float | None = None
@@ -323,6 +324,7 @@ def _to_serve_args(ns: argparse.Namespace, parser: argparse.ArgumentParser, warn
         disable_uvicorn_access_log=bool(ns.disable_uvicorn_access_log),
         uvicorn_log_level=ns.uvicorn_log_level,
         chat_template=ns.chat_template,
+        tokenizer=ns.tokenizer,
         seed=ns.seed,
         max_num_batched_tokens=ns.max_num_batched_tokens,
         swap_space=ns.swap_space,

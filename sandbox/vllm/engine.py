@@ -28,6 +28,7 @@ from sandbox.vllm.hardware import (
     device_name,
     round_gib,
 )
+from sandbox.vllm.hub_access import load_tokenizer
 from sandbox.vllm.instance import Faults, InstanceEnv
 from sandbox.vllm.logs import ENGINE_CORE, VllmLog
 from sandbox.vllm.model import ModelInfo, architecture, inspect_model, load_model
@@ -109,6 +110,7 @@ class _Boot:
         log.info("utils.py:253", f"non-default args: {args.non_default!r}")
         check_platform(env)
         directory, source, config = inspect_model(args.model, args.load_format, env, log.sandbox)
+        load_tokenizer(args.tokenizer, env, log, self.clock)  # a Hub repo: runtime Hub access, if egress allows
         max_model_len = check_max_model_len(args, config, env)
         log.info("model.py:547", f"Resolved architecture: {architecture(config)}")
         log.info("model.py:1510", f"Using max model len {max_model_len}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from blocks import GcpTarget, ImageBuild, ServingProfile
-from tasks import clients, infra
+from tasks import build_identity, clients, infra
 from tasks.builds import ImageBuildError, build_image, resolve_image
 from tasks.images import build_plan, content_tag
 
@@ -33,6 +33,7 @@ def target(sandbox_target) -> GcpTarget:
     fresh = sandbox_target.model_copy(update={"bucket": f"builds-test-{n}", "artifact_repository": f"builds-{n}"})
     infra.ensure_bucket(fresh)
     infra.ensure_artifact_registry(fresh)
+    build_identity.ensure_build_identity(fresh)  # the ensure-infrastructure step's grants for builds
     return fresh
 
 

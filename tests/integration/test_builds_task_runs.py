@@ -10,7 +10,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from blocks import ImageBuild
-from tasks import infra
+from tasks import build_identity, infra
 from tasks.builds import ImageResult, build_image, cloudbuild_run_build
 
 pytestmark = pytest.mark.prefect
@@ -31,6 +31,7 @@ def test_each_ladder_attempt_is_a_task_run(prefect_api, sandbox_target, tmp_path
     target = sandbox_target.model_copy(update={"bucket": "builds-task-runs", "artifact_repository": "task-runs"})
     infra.ensure_bucket(target)
     infra.ensure_artifact_registry(target)
+    build_identity.ensure_build_identity(target)  # the ensure-infrastructure step's grants for builds
     source = tmp_path / "src"
     source.mkdir()
     (source / "Dockerfile").write_text(

@@ -95,6 +95,7 @@ def test_iam_is_exactly_least_privilege(target):
     ]
 
 
+@pytest.mark.usefixtures("iam_propagated")  # raw binding / deploy of a new account
 def test_codelab_storage_admin_grant_is_narrowed_to_object_viewer(target):
     infra.ensure_bucket(target)
     infra.ensure_service_account(target)
@@ -216,6 +217,7 @@ def test_a_stale_etag_restarts_the_read_modify_write(sb, target):
     assert all(rule["fired"] == 1 for rule in sb.faults())
 
 
+@pytest.mark.usefixtures("iam_propagated")  # raw binding / deploy of a new account
 def test_a_stale_etag_restarts_the_service_invokers_read_modify_write(sb, target):
     infra.ensure_bucket(target)
     infra.ensure_service_account(target)

@@ -18,9 +18,9 @@ from tasks.cloudrun import CANDIDATE_TAG, DeployFailed, PromotionFailed, roll_ou
 from tasks.probe import VerifyOptions
 from tasks.render import Weights, render_service, revision_name
 from tasks.staging import StagingResult, stage_model
+from tests.support.identity import bearer
 
 _ids = itertools.count()
-AUTH = {"Authorization": "Bearer any-identity-token"}
 CHAT = {"model": "rollout/model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 FAST = VerifyOptions(health_period_s=0.05, health_window_s=30)
 
@@ -66,7 +66,7 @@ def serving(env, service_id) -> list[tuple[str, int, str]]:
 
 
 def revision_serving(url: str) -> str:
-    response = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=30, json=CHAT)
+    response = httpx.post(f"{url}/v1/chat/completions", headers=bearer(url), timeout=30, json=CHAT)
     response.raise_for_status()
     return response.headers["x-sandbox-revision"]
 
@@ -164,7 +164,7 @@ def test_a_client_calling_the_service_throughout_a_promotion_sees_no_failure(env
     failures: list[str] = []
 
     def hammer() -> None:
-        with httpx.Client(headers=AUTH, timeout=30) as client:
+        with httpx.Client(headers=bearer(first.service_url), timeout=30) as client:
             while not stop.is_set():
                 try:
                     response = client.post(f"{first.service_url}/v1/chat/completions", json=CHAT)

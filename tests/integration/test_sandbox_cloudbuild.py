@@ -56,6 +56,19 @@ def fast_builds(sandbox) -> Iterator[dict]:
     sandbox.admin.delete("/cloudbuild/outcomes").raise_for_status()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def default_build_identity_is_editor(sandbox) -> Iterator[str]:
+    """Builds here run as the Compute Engine default account, as Editor of the project: a project whose
+    organization does not enforce iam.automaticIamGrantsForDefaultServiceAccounts. New projects' account has no
+    role (the sandbox's default); test_build_identity_rights covers that."""
+    member = f"serviceAccount:{sandbox.configure()['project_number']}-compute@developer.gserviceaccount.com"
+    sandbox.admin.post(
+        "/resourcemanager/caller-roles", json={"member": member, "roles": ["roles/editor"]}
+    ).raise_for_status()
+    yield member
+    sandbox.admin.post("/resourcemanager/caller-roles", json={"member": member, "roles": []}).raise_for_status()
+
+
 @pytest.fixture(scope="module")
 def builds(sandbox_target) -> cb.CloudBuildClient:
     return clients.cloud_build(sandbox_target)

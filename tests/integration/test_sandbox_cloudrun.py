@@ -11,11 +11,11 @@ from google.api_core import exceptions
 from google.cloud import run_v2
 
 from tasks import clients
+from tests.support.identity import bearer
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import MODEL_DIR, SERVED_NAME, gpu_service, health_probe, vllm_args
 
 BUCKET = "cloudrun-test-weights"
-AUTH = {"Authorization": "Bearer test-identity-token"}
 REVISION_TYPE = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
 _ids = itertools.count()
 
@@ -50,14 +50,15 @@ def update(services, target, name: str, service: run_v2.Service) -> run_v2.Servi
 
 
 def served_models(url: str) -> list[str]:
-    response = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=30)
+    response = httpx.get(f"{url}/v1/models", headers=bearer(url), timeout=30)
     response.raise_for_status()
     return [m["id"] for m in response.json()["data"]]
 
 
-def chat(url: str, prompt: str = "Say hello") -> httpx.Response:
+def chat(url: str, prompt: str = "Say hello", audience: str | None = None) -> httpx.Response:
+    """A chat request with an ID token for ``audience`` (the service URL; ``url`` itself when it is one)."""
     body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
-    return httpx.post(f"{url}/v1/chat/completions", headers=AUTH, json=body, timeout=30)
+    return httpx.post(f"{url}/v1/chat/completions", headers=bearer(audience or url), json=body, timeout=30)
 
 
 def revision_log(sb, revision: str) -> str:
@@ -123,7 +124,7 @@ def test_tagged_candidate_gets_no_traffic_until_promoted(services, sandbox_targe
     second = update(services, sandbox_target, first.name, spec)
     tag_url = next(t.uri for t in second.traffic_statuses if t.tag == "candidate")
     assert tag_url and tag_url != second.uri
-    assert chat(tag_url).headers["x-sandbox-revision"] == candidate
+    assert chat(tag_url, audience=second.uri).headers["x-sandbox-revision"] == candidate
     assert {chat(second.uri).headers["x-sandbox-revision"] for _ in range(5)} == {old}
 
     spec.traffic = [run_v2.TrafficTarget(type_=REVISION_TYPE, revision=candidate, percent=100)]

@@ -13,7 +13,8 @@ from tasks import clients
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import gpu_service, health_probe, vllm_args
 
-RTX = {"gpu": "nvidia-rtx-pro-6000", "cpu": "20", "memory": "80Gi"}
+# A preview GPU: admitted only on a service that declares launch stage BETA (see the launch stage tests below).
+RTX = {"gpu": "nvidia-rtx-pro-6000", "cpu": "20", "memory": "80Gi", "launch_stage": "BETA"}
 
 _ids = itertools.count()
 
@@ -73,7 +74,7 @@ def test_cloud_run_rejects_what_it_rejects(services, sandbox_target, change, exp
 
 
 def test_rtx_pro_6000_needs_its_minimums_and_a_region_that_has_it(services, sandbox_target):
-    rtx = {"gpu": "nvidia-rtx-pro-6000", "cpu": "20", "memory": "80Gi"}
+    rtx = RTX
     assert create(services, sandbox_target, gpu_service("w", **rtx)).template.node_selector.accelerator
     assert "requires at least 20 CPU" in rejected(services, sandbox_target, gpu_service("w", **{**rtx, "cpu": "8"}))
     # RTX quota is 1 in the sandbox project, as seen in the field.
@@ -136,7 +137,7 @@ def test_cpu_service_without_gpu_is_admitted_and_probe_limit_is_600s(services, s
 def test_memory_quota_message_matches_cloud_run(sb, services, sandbox_target):
     sb.configure(memory_quota_gib=40)
     try:
-        rtx = gpu_service("w", gpu="nvidia-rtx-pro-6000", cpu="20", memory="80Gi")
+        rtx = gpu_service("w", **RTX)
         message = rejected(services, sandbox_target, rtx)
     finally:
         sb.configure(memory_quota_gib=800)

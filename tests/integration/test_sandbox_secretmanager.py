@@ -187,6 +187,7 @@ def test_user_managed_replication(client, parent, secret_id):
     assert [r.location for r in version.replication_status.user_managed.replicas] == ["us-central1"]
 
 
+@pytest.mark.usefixtures("iam_propagated")  # binds an account created a moment ago, raw
 def test_secret_iam_policy_read_modify_write(client, parent, secret_id, sandbox_target):
     secret = make(client, parent, secret_id, b"hf_x")
     iam = clients.iam(sandbox_target)
@@ -260,7 +261,7 @@ def test_admin_state_never_shows_payloads(client, parent, secret_id, sb):
 
 def test_python_api_for_other_modules(tmp_path):
     """What Cloud Run calls through ctx.module("secretmanager") to resolve secret env vars."""
-    config = SandboxConfig()
+    config = SandboxConfig(iam_propagation_seconds=0)  # the account below is bound at once
     ctx = ControlContext(config=config, faults=FaultRegistry(), state_dir=tmp_path, gcs_url="", gcs_emulator_url="")
     modules = [Iam(ctx), SecretManager(ctx)]
     ctx.modules.update({m.name: m for m in modules})

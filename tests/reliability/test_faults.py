@@ -41,13 +41,13 @@ from tasks import clients, infra
 from tasks.probe import VerifyOptions
 from tasks.report import PromotionReport
 from tasks.staging import MANIFEST, commit_prefix
+from tests.support.identity import bearer
 from tests.support.locks import lock_slots, wait_until
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
 TOKEN_BLOCK = "sandbox-hf-token"
 TINY = "sandbox/tiny-chat"  # main, dev (other weights) and tag v1.0: three commits, three revisions
-AUTH = {"Authorization": "Bearer any-identity-token"}
 CHAT = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 ROOT = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
@@ -84,7 +84,7 @@ def traffic(target, service: str) -> list[tuple[str, int, str]]:
 
 
 def answering_revision(service_url: str) -> str:
-    response = httpx.post(f"{service_url}/v1/chat/completions", headers=AUTH, json=CHAT, timeout=30)
+    response = httpx.post(f"{service_url}/v1/chat/completions", headers=bearer(service_url), json=CHAT, timeout=30)
     response.raise_for_status()
     return response.headers["x-sandbox-revision"]
 
@@ -594,7 +594,7 @@ def test_failing_candidates_never_fail_a_caller(sb, flow_env, dev_fault, v1_faul
     failures: list[str] = []
 
     def call() -> None:
-        with httpx.Client(headers=AUTH, timeout=30) as client:
+        with httpx.Client(headers=bearer(first.service_url), timeout=30) as client:
             while not stop.is_set():
                 try:
                     response = client.post(f"{first.service_url}/v1/chat/completions", json=CHAT)

@@ -44,6 +44,7 @@ def gpu_service(
     env: dict[str, str] | None = None,
     revision: str = "",
     traffic: list[run_v2.TrafficTarget] | None = None,
+    launch_stage: str = "",
 ) -> run_v2.Service:
     limits = {"cpu": cpu, "memory": memory}
     if gpu:
@@ -79,4 +80,5 @@ def gpu_service(
         template=template,
         ingress=run_v2.IngressTraffic.INGRESS_TRAFFIC_ALL,
         traffic=traffic or [],
+        launch_stage=launch_stage or "LAUNCH_STAGE_UNSPECIFIED",
     )

@@ -46,6 +46,12 @@ def test_vllm_cpu_recipe_renders_seed_000s_cloudbuild_yaml():
     assert config["timeout"] == "7200s"
     assert config["logsBucket"] == f"gs://{TARGET.bucket_name}/cloudbuild-logs"
     assert "source" not in config  # gcloud builds submit uploads the folder it is given
+    # Seed 000 builds as the project's default identity; ours is the dedicated build account, and a build with its
+    # own account must name its logging (Cloud Build answers 400 otherwise): the bucket only.
+    assert config["serviceAccount"] == (
+        "projects/acme-ml-prod/serviceAccounts/hf-cloudrun-build@acme-ml-prod.iam.gserviceaccount.com"
+    )
+    assert config["options"]["logging"] == "GCS_ONLY"
 
 
 def test_the_recipe_pins_vllm_and_keeps_the_ladder_of_lesson_7():
@@ -208,7 +214,7 @@ def test_serve_wrapper_recipe_matches_seed_002s_wrapper_image_and_build(tmp_path
     assert tag.startswith("src-")
     assert request.source.storage_source.object_ == f"cloudbuild-sources/vllm-serve/{tag}.tar.gz"
     # seed 002_bedd7fb1ffced183 takes Cloud Build's default machine, disk, 10-min timeout; ours the vllm-cpu sizing
-    assert config["options"] == {"machineType": "E2_HIGHCPU_32", "diskSizeGb": "200"}
+    assert config["options"] == {"machineType": "E2_HIGHCPU_32", "diskSizeGb": "200", "logging": "GCS_ONLY"}
     assert config["timeout"] == "7200s"
     assert config["tags"] == ["hf-cloudrun-pipeline", "vllm-serve", "max-jobs-8"]  # seed 002_bedd7fb1ffced183: none
     assert config["logsBucket"] == f"gs://{TARGET.bucket_name}/cloudbuild-logs"

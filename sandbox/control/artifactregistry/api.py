@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from sandbox import authz
 from sandbox.control import ControlContext
 from sandbox.control.artifactregistry.images import (
     DOCKER_HOST_SUFFIX,
@@ -374,6 +375,10 @@ class ArtifactRegistry:
             for member in binding.get("members", []):
                 if not MEMBER.match(member):
                     raise invalid_argument(f"Invalid principal: {member}")
+                iam = self.ctx.module("iam")
+                missing = iam.missing_account(member) if iam and member.startswith("serviceAccount:") else None
+                if missing:  # missing, or too new for IAM to have propagated it (sandbox/control/iam, visible())
+                    raise invalid_argument(missing)
             if binding.get("members"):
                 bindings.append(binding)
         record.policy = {"version": policy.get("version") or 1, "etag": _new_etag()}
@@ -382,10 +387,11 @@ class ArtifactRegistry:
         return JSONResponse(record.policy)
 
     async def test_iam_permissions(self, request: Request) -> JSONResponse:
-        self._record(request, "artifactregistry.repositories.get")
-        # The sandbox caller owns the project: every permission asked about is held.
-        permissions = (await self._json_body(request)).get("permissions", [])
-        return JSONResponse({"permissions": permissions} if permissions else {})
+        record = self._record(request, "artifactregistry.repositories.get")
+        # What the caller holds on this repository, through the project's policy and the repository's own.
+        asked = list((await self._json_body(request)).get("permissions") or [])
+        held = authz.held_permissions(self.ctx, authz.caller(self.ctx), asked, record.repository.name)
+        return JSONResponse({"permissions": held} if held else {})
 
     # Docker images and tags -------------------------------------------------------------------------------
     async def list_docker_images(self, request: Request) -> JSONResponse:

@@ -62,8 +62,11 @@ class BuildRunner:
         registry,
         project: str,
         on_change: Callable[[], None],
+        allowed: Callable[[str, str], bool] = lambda _permission, _resource: True,
     ) -> None:
         self.record = record
+        # Whether the build's identity holds a permission on a resource (sandbox.authz, asked by the API module).
+        self.allowed = allowed
         self.build = record.build
         # Copied at the start: a settings change affects the next builds, not one that runs.
         self.settings = settings.model_copy()
@@ -77,6 +80,11 @@ class BuildRunner:
         self.elapsed = 0.0
         timeout = self.build.timeout.total_seconds()
         self.timeout_s = timeout if timeout > 0 else 3600.0
+
+    @property
+    def identity(self) -> str:
+        """The email of the service account the build runs as."""
+        return self.build.service_account.rsplit("/", 1)[-1]
 
     # Log and clock -------------------------------------------------------------------------------------------
     def log(self, line: str = "") -> None:
@@ -146,6 +154,20 @@ class BuildRunner:
         url = f"gs://{source.bucket}/{source.object_}#{generation}"
         started = now()
         self.log("FETCHSOURCE")
+        if not self.allowed("storage.objects.get", f"projects/_/buckets/{source.bucket}"):
+            # The build's identity reads the source: on new projects (Compute default account, no Editor grant)
+            # this is a first-run failure. Cloud Build's log line, as in GoogleCloudPlatform/
+            # bigquery-dlp-remote-function issue 70 ("AccessDeniedException: 403 ...-compute@developer.
+            # gserviceaccount.com does not have storage.objects.list access ..."); fetching one object needs get.
+            self.log(
+                f"AccessDeniedException: 403 {self.identity} does not have storage.objects.get access to the Google "
+                "Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may not exist)."
+            )
+            self.log(f"Fetching storage object: {url}")
+            await self._spend(PHASE_SECONDS)
+            return self._source_failed(
+                f"failed to fetch {url}: {self.identity} does not have storage.objects.get access"
+            )
         self.log(f"Fetching storage object: {url}")
         data = await self.storage.download(source.bucket, source.object_, generation)
         await self._spend(PHASE_SECONDS)
@@ -322,7 +344,12 @@ class BuildRunner:
                     "artifactregistry.repositories.createOnPush permission"
                 )
             return "denied: requested access to the resource is denied"
-        if parsed.project != self.project:
+        repository = f"projects/{parsed.project}/locations/{parsed.location}/repositories/{parsed.repository}"
+        if parsed.project != self.project or not self.allowed(
+            "artifactregistry.repositories.uploadArtifacts", repository
+        ):
+            # docker push's line when the pushing identity may not upload (GoogleCloudPlatform/cymbal-superstore
+            # PR 4); the same text whether the repository is in another project, missing, or the grant is.
             return (
                 'denied: Permission "artifactregistry.repositories.uploadArtifacts" denied on resource '
                 f'"projects/{parsed.project}/locations/{parsed.location}/repositories/{parsed.repository}" '

@@ -386,8 +386,11 @@ class Compute:
             return replay
         name = request.path_params["subnetwork"]
         subnet = self._get_subnet(project, region, name)
-        if user := self._cloud_run_user(region, name):
-            raise res.in_use("subnetwork", self._subnet_path(project, region, name), user)
+        if self._serverless_holds(region, name):
+            # Compute names the address Cloud Run reserved, not the service (nitrictech/nitric issue 667:
+            # "... is already being used by 'projects/P/regions/R/addresses/serverless-ipv4-1721014303789269923'").
+            holder = f"projects/{project}/regions/{region}/addresses/serverless-ipv4-{subnet['id']}"
+            raise res.in_use("subnetwork", self._subnet_path(project, region, name), holder)
         return self._operation(
             request,
             "delete",
@@ -523,19 +526,33 @@ class Compute:
                         f"in region '{region}'."
                     )
 
-    def _cloud_run_user(self, region: str, subnet_name: str) -> str | None:
-        """A Cloud Run service whose Direct VPC egress uses this subnet (Compute refuses to delete it)."""
+    def _serverless_holds(self, region: str, subnet_name: str) -> bool:
+        """Whether Cloud Run's Direct VPC egress still reserves IPs in this subnet, so Compute refuses to delete it.
+
+        A service (any of its revisions) holds them while it exists, and a deleted one for
+        ``serverless_ip_hold_seconds`` after its deletion. Cloud Run docs, "Direct VPC egress with a VPC
+        network" -> "Delete a subnet": "After you delete or move your Cloud Run resources, wait 1-2 hours for Cloud
+        Run to release the IPs before you delete the subnet." (also terraform-provider-google users, nitric 667).
+        """
         run = self.ctx.module("run")
-        for record in getattr(run, "services", {}).values():
-            service = getattr(record, "service", None)
-            name = getattr(service, "name", "")
-            if f"/locations/{region}/" not in name:
+        if run is None:
+            return False
+        # Read the clock at every check: tests change the hold and the time scale of a running sandbox.
+        hold = self.ctx.config.serverless_ip_hold_seconds * self.ctx.config.time_scale
+        now = time.monotonic()
+        records = list(run.services.values())
+        records += [record for record, deleted_at in run.deleted_services.values() if now - deleted_at < hold]
+        for record in records:
+            if f"/locations/{region}/" not in record.service.name:
                 continue
-            vpc = getattr(getattr(service, "template", None), "vpc_access", None)
-            for interface in getattr(vpc, "network_interfaces", []):
-                if interface.subnetwork and res.last_segment(interface.subnetwork) == subnet_name:
-                    return name
-        return None
+            vpcs = [record.service.template.vpc_access, *(r.vpc_access for r in record.revisions.values())]
+            for vpc in vpcs:
+                for interface in vpc.network_interfaces:
+                    # Only a network given: the subnet has the network's name (Cloud Run docs, Direct VPC egress).
+                    used = interface.subnetwork or interface.network
+                    if used and res.last_segment(used) == subnet_name:
+                        return True
+        return False
 
     # Operations -------------------------------------------------------------------------------------------
     def _find_operation(self, request: Request) -> ComputeOperation:

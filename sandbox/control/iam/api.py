@@ -16,12 +16,14 @@ import base64
 import json
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from sandbox import authz
 from sandbox.config import SandboxConfig
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, already_exists, invalid_argument, not_found
@@ -53,6 +55,8 @@ class ServiceAccount:
     description: str = ""
     disabled: bool = False
     etag: str = field(default_factory=lambda: base64.b64encode(secrets.token_bytes(8)).decode())
+    # When the account was created (monotonic, real seconds): other APIs see it only once IAM has propagated it.
+    created_at: float = field(default_factory=time.monotonic)
     policy: ResourcePolicy = field(default_factory=ResourcePolicy)
 
     def to_json(self, project: str) -> dict:
@@ -92,6 +96,7 @@ class Iam:
                 email=self.compute_default_email,
                 unique_id=self._new_unique_id(),
                 display_name="Compute Engine default service account",
+                created_at=float("-inf"),  # as old as the project: long propagated
             )
         )
 
@@ -100,19 +105,45 @@ class Iam:
         """Whether the service account exists (disabled ones too); accepts a ``serviceAccount:`` member."""
         return email.removeprefix("serviceAccount:") in self.accounts
 
+    def visible(self, email: str) -> bool:
+        """Whether other APIs can see the account yet: it exists and IAM has propagated it.
+
+        Service accounts are eventually consistent: an account created moments ago is not yet known to
+        setIamPolicy elsewhere or to a Cloud Run deploy that names it, for ``iam_propagation_seconds`` of
+        simulated time (Google's IAM docs, "Access change propagation": typically about 2 minutes, up to 7;
+        terraform-provider-google issues 18024 and 16350, magic-modules PR 10813 which sleeps after create).
+        The account's own GET answers at once (read-your-writes in this stand-in; the real IAM API's reads are
+        eventually consistent too, which Terraform polls through, and the product never relies on either).
+        """
+        account = self.accounts.get(email.removeprefix("serviceAccount:"))
+        if account is None:
+            return False
+        window = self.config.iam_propagation_seconds * self.config.time_scale
+        return time.monotonic() - account.created_at >= window
+
+    def missing_account(self, email: str) -> str | None:
+        """The "does not exist" message IAM-aware APIs give for a policy member they cannot see, or None.
+
+        Accounts of other projects and Google-managed agents are not known here and pass.
+        """
+        email = email.removeprefix("serviceAccount:")
+        own = email.endswith(f"@{self.config.project}.iam.gserviceaccount.com") or email == self.compute_default_email
+        if own and not self.visible(email):
+            return f"Service account {email} does not exist."
+        return None
+
     def get(self, email: str) -> dict | None:
         """The account's REST JSON (``disabled`` present only when true), or None."""
         account = self.accounts.get(email.removeprefix("serviceAccount:"))
         return account.to_json(self.config.project) if account else None
 
     def require_service_account(self, email: str) -> None:
-        """Raise 400 as IAM does when a policy names a missing account of this project.
-
-        Accounts of other projects and Google-managed agents are not known here and pass.
-        """
-        own = email.endswith(f"@{self.config.project}.iam.gserviceaccount.com") or email == self.compute_default_email
-        if own and email not in self.accounts:
-            raise invalid_argument(f"Service account {email} does not exist.")
+        """Raise 400 as IAM does when a policy names an account of this project it cannot see (missing, or
+        created too recently to have propagated: GoogleCloudPlatform/data-migration-tool issue 58 shows the
+        same "Service account X does not exist." for a bucket binding made right after the create)."""
+        message = self.missing_account(email)
+        if message:
+            raise invalid_argument(message)
 
     # Routing ------------------------------------------------------------------------------------------------
     def routes(self) -> list[BaseRoute]:
@@ -263,8 +294,10 @@ class Iam:
         if verb == "setIamPolicy":
             return JSONResponse(account.policy.set_from_request(body, self.require_service_account))
         if verb == "testIamPermissions":
-            # Sandbox callers hold every permission they ask about.
-            return JSONResponse({"permissions": body.get("permissions", [])} if body.get("permissions") else {})
+            # What the caller holds on this account, through the project's policy and the account's own.
+            name = f"projects/{self.config.project}/serviceAccounts/{account.email}"
+            held = authz.held_permissions(self.ctx, authz.caller(self.ctx), list(body.get("permissions") or []), name)
+            return JSONResponse({"permissions": held} if held else {})
         account.disabled = verb == "disable"
         return JSONResponse({})
 

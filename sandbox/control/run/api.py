@@ -11,6 +11,7 @@ import asyncio
 import base64
 import secrets
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from sandbox import authz
+from sandbox.authz import has_permission
 from sandbox.control import ControlContext
 from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.run import resources as res
@@ -33,6 +36,7 @@ from sandbox.control.run.dependencies import (
     resolve_image,
     service_account_of,
 )
+from sandbox.control.run.egress import Internet
 from sandbox.control.run.frontend import FrontEnd, Routing
 from sandbox.control.run.images import DRIVERS
 from sandbox.control.run.instances import Instance, InstanceSpec
@@ -104,6 +108,10 @@ class CloudRun:
         self.gcs_url = ctx.gcs_emulator_url
         self.state_dir = ctx.state_dir / "run"
         self.services: dict[str, ServiceRecord] = {}
+        self.internet = Internet(ctx)  # where containers find the Hub, as their egress allows
+        # Deleted services with the monotonic time of deletion: their Direct VPC egress IPs stay reserved in the
+        # subnet for a while (Compute asks, see compute/api.py `_serverless_holder`).
+        self.deleted_services: dict[str, tuple[ServiceRecord, float]] = {}
         self.operations: dict[str, operations_pb2.Operation] = {}
         self.instances: dict[str, Instance] = {}  # by full revision name
         self.faults_for_new_services: dict[str, list[dict]] = {}  # by service id, for its first revisions
@@ -181,7 +189,12 @@ class CloudRun:
         self.services[name] = record
         record.frontends[""] = await self._serve_frontend(record, "")
         record.service.uri = record.frontends[""].url
-        record.service.urls = [record.service.uri]
+        # Cloud Run lists two URLs: the hash one (uri; here the loopback front end) and the deterministic
+        # https://SERVICE-PROJECT_NUMBER.REGION.run.app; ID tokens for either are accepted (frontend.py).
+        record.service.urls = [
+            record.service.uri,
+            f"https://{service_id}-{self.config.project_number}.{request.path_params['location']}.run.app",
+        ]
         record.service.create_time = res.now()
         record.service.creator = "sandbox-user@example.com"
         return self._operation_json(await self._apply(record, spec, parent, creating=True))
@@ -235,6 +248,13 @@ class CloudRun:
                     "exponential backoff.",
                     "ABORTED",
                 )
+            iam = self.ctx.module("iam")
+            for binding in policy.get("bindings", []):
+                for member in binding.get("members", []):
+                    # A new account is unknown here until IAM has propagated it (sandbox/control/iam, visible()).
+                    missing = iam.missing_account(member) if iam and member.startswith("serviceAccount:") else None
+                    if missing:
+                        raise invalid_argument(missing)
             record.policy = {
                 "version": policy.get("version", 1),
                 "etag": base64.b64encode(secrets.token_bytes(8)).decode(),
@@ -242,7 +262,10 @@ class CloudRun:
             }
             return JSONResponse(record.policy)
         if verb == "testIamPermissions":
-            return JSONResponse({"permissions": body.get("permissions", [])})
+            # What the caller holds on this service, through the project's policy and the service's own.
+            held = authz.held_permissions(self.ctx, authz.caller(self.ctx), list(body.get("permissions") or []),
+                                          record.service.name)  # fmt: skip
+            return JSONResponse({"permissions": held} if held else {})
         raise not_found(f"Method '{verb}' not found.")
 
     async def delete_service(self, request: Request) -> JSONResponse:
@@ -256,6 +279,7 @@ class CloudRun:
         for served in record.frontends.values():
             await served.stop()
         record.service.delete_time = res.now()
+        self.deleted_services[record.service.name] = (record, time.monotonic())
         return self._operation_json(self._new_operation(parent, done_with=record.service))
 
     # Revisions --------------------------------------------------------------------------------------------
@@ -582,7 +606,7 @@ class CloudRun:
         )
 
     async def _start_instance(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict):
-        spec = self._instance_spec(record, revision, faults)
+        spec = await self.internet.wire(self._instance_spec(record, revision, faults), revision)
         workdir = self.state_dir / record.service_id / spec.revision
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -622,15 +646,22 @@ class CloudRun:
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
             )
 
+        def may_invoke(principal: str) -> bool:
+            return has_permission(self.ctx, principal, "run.routes.invoke", record.service.name)
+
         def routing() -> Routing | None:
             if record.service.name not in self.services:
                 return None
+            service = record.service
+            # Audiences Cloud Run accepts: the service's own URLs and its custom audiences, never a tag URL.
+            audiences = frozenset(a.rstrip("/") for a in [service.uri, *service.urls, *service.custom_audiences])
             if tag:
                 revision = record.tag_routes.get(tag)
-                return Routing(record.public, [(revision, 100)] if revision else [])
-            return Routing(record.public, list(record.routes))
+                return Routing(record.public, [(revision, 100)] if revision else [], audiences, may_invoke)
+            return Routing(record.public, list(record.routes), audiences, may_invoke)
 
-        app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http)
+        issuer = self.ctx.identity
+        app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http, issuer)
         server = f"run:{record.service_id}" + (f":{tag}" if tag else "")
         return await serve_app(FaultMiddleware(app, server, self.faults), server)
 
@@ -644,6 +675,7 @@ class CloudRun:
             await self._stop_instance(name)
         if self._http is not None:
             await self._http.aclose()
+        await self.internet.close()
 
     # Admin ------------------------------------------------------------------------------------------------
     async def admin_instance_faults(self, request: Request) -> JSONResponse:

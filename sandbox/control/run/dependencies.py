@@ -10,7 +10,7 @@ from __future__ import annotations
 from google.cloud import run_v2
 
 from sandbox.control import ControlContext
-from sandbox.control.errors import invalid_argument
+from sandbox.control.errors import GoogleApiError, invalid_argument
 from sandbox.control.run.images import MODEL_GARDEN_REPO, ImageBehaviour, image_behaviour
 
 
@@ -56,9 +56,17 @@ def check_dependencies(ctx: ControlContext, spec: run_v2.Service, region: str) -
                 "image exists and that the service agent can pull it."
             )
     iam = ctx.module("iam")
-    if template.service_account and iam is not None and not iam.exists(template.service_account):
-        raise invalid_argument(
-            f"spec.template.spec.service_account_name: Service account {template.service_account} does not exist."
+    if template.service_account and iam is not None and not iam.visible(template.service_account):
+        # Cloud Run checks the deployer's iam.serviceaccounts.actAs on the revision's account; for an account
+        # IAM cannot see (missing, or created moments ago and not yet propagated) that check fails the same way,
+        # with "(or it may not exist)" (google/keyword_factory issue 22, GoogleCloudPlatform/cloud-run-release-
+        # manager issue 81, dora-team/fourkeys issue 459; terraform-provider-google issue 16350: a v2 service
+        # naming a new account fails the first apply and succeeds the second).
+        raise GoogleApiError(
+            403,
+            f"Permission 'iam.serviceaccounts.actAs' denied on service account {template.service_account} (or it "
+            "may not exist).",
+            reason="forbidden",
         )
     compute = ctx.module("compute")
     if compute is None:

@@ -1,7 +1,16 @@
 """Cloud Run's front end for one URL: the service URL splits by traffic percent, a tag URL pins a revision.
 
-Like Cloud Run, a private service refuses requests without a bearer token (403) and the token is not passed
-on to the container. Requests are proxied to the instance of the chosen revision, streaming both ways.
+A private service checks the caller as Cloud Run does ("Authenticating service-to-service", "Set custom
+audiences" and "Authenticate developers" in the Cloud Run docs):
+- no bearer token: 403 Forbidden;
+- a token that is not a Google-signed ID token (here: not signed by the sandbox's key), has expired, or whose
+  ``aud`` is not one of the service's own ``*.run.app`` URLs or custom audiences: 401 Unauthorized. A tag URL is
+  not accepted as an audience: the docs name the service URL ("the Google-generated URL ... always remains an
+  accepted audience value") and custom audiences only; a token for the service URL works on its tag URLs;
+- a valid token of a principal without ``run.routes.invoke`` on the service (roles/run.invoker, or a project role
+  that has it): 403 Forbidden.
+The token is taken from ``X-Serverless-Authorization`` first, then ``Authorization`` (Cloud Run docs), and never
+passed on to the container. Requests are proxied to the instance of the chosen revision, streaming both ways.
 """
 
 from __future__ import annotations
@@ -15,8 +24,24 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response, StreamingResponse
 
+from sandbox.identity import TokenIssuer
+
 FORBIDDEN = """<html><head><title>403 Forbidden</title></head><body><h1>Error: Forbidden</h1>
 <h2>Your client does not have permission to get URL <code>{path}</code> from this server.</h2></body></html>"""
+# Cloud Run's 401 page for a token it cannot verify or that names another audience (as quoted in
+# google/adk-python issue 3814), with the WWW-Authenticate of Google's front ends (google-auth-library-nodejs
+# issue 1208: "The access token could not be verified").
+UNAUTHORIZED = """<html><head>
+<meta http-equiv="content-type" content="text/html;charset=utf-8">
+<title>401 Unauthorized</title>
+</head>
+<body text=#000000 bgcolor=#ffffff>
+<h1>Error: Unauthorized</h1>
+<h2>Your client does not have permission to the requested URL <code>{path}</code>.</h2>
+<h2></h2>
+</body></html>
+"""
+INVALID_TOKEN = 'Bearer error="invalid_token" error_description="The access token could not be verified"'
 UNAVAILABLE = """<html><head><title>503 Service Unavailable</title></head><body><h1>Error: Service Unavailable</h1>
 <h2>The service you requested is not available yet. Please try again in 30 seconds.</h2></body></html>"""
 HOP_BY_HOP = {
@@ -27,6 +52,7 @@ HOP_BY_HOP = {
     "upgrade",
     "host",
     "authorization",
+    "x-serverless-authorization",
     "proxy-authorization",
     "content-length",
 }
@@ -38,6 +64,10 @@ class Routing:
 
     public: bool
     targets: list[tuple[str, int]]
+    audiences: frozenset[str] = frozenset()
+    """What a token's ``aud`` may be: the service's URLs and its custom audiences."""
+    may_invoke: Callable[[str], bool] = lambda _principal: True
+    """Whether a principal ("serviceAccount:..." / "user:...") holds run.routes.invoke on the service."""
 
     def pick(self, rng: random.Random) -> str | None:
         live = [(rev, pct) for rev, pct in self.targets if pct > 0]
@@ -54,8 +84,10 @@ class FrontEnd:
         routing: Callable[[], Routing | None],
         instance_url: Callable[[str], Awaitable[str | None]],
         client: httpx.AsyncClient,
+        issuer: TokenIssuer | None = None,
     ) -> None:
         self.routing = routing
+        self.issuer = issuer
         self.instance_url = instance_url
         self.client = client
         self.rng = random.Random()
@@ -67,12 +99,30 @@ class FrontEnd:
         response = await self._handle(request)
         await response(scope, receive, send)
 
+    def _refusal(self, request: Request, routing: Routing) -> Response | None:
+        """Cloud Run's answer to a caller it does not let through, or None."""
+        header = request.headers.get("x-serverless-authorization") or request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        path = request.url.path
+        if scheme.lower() != "bearer" or not token.strip():
+            return HTMLResponse(FORBIDDEN.format(path=path), status_code=403)
+        claims = self.issuer.verify(token.strip()) if self.issuer is not None else None
+        if claims is None or claims.audience.rstrip("/") not in routing.audiences:
+            return HTMLResponse(
+                UNAUTHORIZED.format(path=path), status_code=401, headers={"www-authenticate": INVALID_TOKEN}
+            )
+        if not routing.may_invoke(claims.principal):
+            return HTMLResponse(FORBIDDEN.format(path=path), status_code=403)
+        return None
+
     async def _handle(self, request: Request) -> Response:
         routing = self.routing()
         if routing is None:
             return Response("Not Found", status_code=404)
-        if not routing.public and not request.headers.get("authorization", "").startswith("Bearer "):
-            return HTMLResponse(FORBIDDEN.format(path=request.url.path), status_code=403)
+        if not routing.public:
+            refused = self._refusal(request, routing)
+            if refused is not None:
+                return refused
         revision = routing.pick(self.rng)
         base = await self.instance_url(revision) if revision else None
         if base is None:

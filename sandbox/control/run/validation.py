@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from google.api import launch_stage_pb2
 from google.cloud import run_v2
 
 from sandbox.config import SandboxConfig
@@ -22,16 +23,43 @@ class GpuType:
     min_cpu: float
     min_memory_gib: float
     regions: frozenset[str]
+    preview: bool = False
+    """A Pre-GA feature: the Service must declare launch stage BETA (or ALPHA) to use it."""
 
 
 GPU_TYPES = {
+    # L4 on services is GA since 2025-04-07 (Cloud Run release notes; magic-modules PR 13483 "The GPU feature no
+    # longer requires beta launch stage").
     "nvidia-l4": GpuType(
         4, 16, frozenset({"asia-southeast1", "asia-south1", "europe-west1", "europe-west4", "us-central1", "us-east4"})
     ),
+    # Cloud Run docs, "GPU support for services": "Preview — NVIDIA RTX PRO 6000 Blackwell GPU"; seed 004 deploys it
+    # with `gcloud beta run deploy`.
     "nvidia-rtx-pro-6000": GpuType(
-        20, 80, frozenset({"asia-southeast1", "asia-south2", "europe-west4", "us-central1"})
+        20, 80, frozenset({"asia-southeast1", "asia-south2", "europe-west4", "us-central1"}), preview=True
     ),
 }
+# Launch stages that may use a BETA (preview) feature: BETA itself and the less stable ALPHA (run.v2 discovery:
+# "Set the launch stage to a preview stage on input to allow use of preview features in that stage").
+PREVIEW_STAGES = {launch_stage_pb2.LaunchStage.BETA, launch_stage_pb2.LaunchStage.ALPHA}
+
+
+def launch_stage_error(feature: str, service_id: str) -> GoogleApiError:
+    """Cloud Run's refusal of a preview feature on a GA service, word for word as gcloud, Terraform and Pulumi users
+    report it (google-github-actions/deploy-cloudrun issues 26 and 35, pulumi/pulumi-gcp issue 1040,
+    google/exposure-notifications-verification-server issue 1781: "googleapi: Error 400: The feature ..."). The
+    v2 API answers 400 with status FAILED_PRECONDITION (terraform-provider-google issue 14010: "Error 400:
+    Precondition check failed." for a v2 resource without launch_stage BETA)."""
+    return GoogleApiError(
+        400,
+        f"The feature '{feature}' is not supported in the declared launch stage on resource {service_id}. The "
+        "launch stage annotation should be specified at least as BETA. Please visit "
+        "https://cloud.google.com/run/docs/troubleshooting#launch-stage-validation for in-depth troubleshooting "
+        "documentation.",
+        "FAILED_PRECONDITION",
+    )
+
+
 GPU_LIMIT_KEY = "nvidia.com/gpu"
 DISALLOWED_MOUNT_ROOTS = ("/dev", "/proc", "/sys")
 DEFAULT_MAX_INSTANCES = 100
@@ -136,6 +164,9 @@ def check_service(service: run_v2.Service, service_id: str, region: str, config:
             raise invalid_argument(f"spec.template.spec.volumes[{volume.name}].csi.bucket: required")
     for index, container in enumerate(containers):
         _check_container(index, container, volume_names)
+    accelerator = gpu_type_of(template)
+    if accelerator in GPU_TYPES and GPU_TYPES[accelerator].preview and service.launch_stage not in PREVIEW_STAGES:
+        raise launch_stage_error(f"GPU type {accelerator}", service_id)
     _check_gpu_and_capacity(service, region, config)
     if template.max_instance_request_concurrency > MAX_CONCURRENCY:
         raise invalid_argument(

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from sandbox import authz
 from sandbox.control import ControlContext
 from sandbox.control.errors import (
     GoogleApiError,
@@ -270,8 +271,10 @@ class SecretManager:
             iam = self.ctx.module("iam")
             check = iam.require_service_account if iam is not None else None
             return JSONResponse(record.policy.set_from_request(body, check))
-        # Sandbox callers hold every permission they ask about.
-        return JSONResponse({"permissions": body["permissions"]} if body.get("permissions") else {})
+        # What the caller holds on this secret, through the project's policy and the secret's own.
+        name = f"projects/{self.config.project}/secrets/{record.secret.name.rsplit('/', 1)[-1]}"
+        held = authz.held_permissions(self.ctx, authz.caller(self.ctx), list(body.get("permissions") or []), name)
+        return JSONResponse({"permissions": held} if held else {})
 
     async def update_secret(self, request: Request) -> JSONResponse:
         record, _ = self._record(request, "secretmanager.secrets.update")

@@ -1,0 +1,117 @@
+"""Who may do what in the sandbox project: principals, predefined roles, IAM policies, permission checks.
+
+Interface shared by the control plane (owned by the authz work; other modules only call these):
+
+- ``has_permission(ctx, principal, permission, resource) -> bool``: whether ``principal``
+  ("user:a@b.com", "serviceAccount:x@p.iam.gserviceaccount.com") holds ``permission``
+  ("storage.objects.get") on ``resource``, a relative resource name ("projects/p",
+  "projects/_/buckets/b", "projects/p/locations/l/repositories/r", "projects/p/secrets/s",
+  "projects/p/serviceAccounts/email", "projects/p/locations/l/services/s"). The effective policy is the
+  project's policy plus the resource's own policy, as in Google's resource hierarchy
+  (https://cloud.google.com/iam/docs/resource-hierarchy-access-control: "the effective policy for a resource is
+  the union of the policy set on that resource and the policy inherited from its ancestors").
+- ``held_permissions(ctx, principal, permissions, resource)``: the subset held, for ``testIamPermissions``.
+- ``caller(ctx)``: the principal the sandbox's clients act as (``SandboxConfig.caller``).
+
+The project policy lives in the Resource Manager stand-in (``sandbox/control/resourcemanager``); resource
+policies stay where each API keeps them (Cloud Run services, secrets, repositories, service accounts, buckets in
+the GCS front). Conditional bindings grant nothing here (the sandbox evaluates no CEL conditions).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sandbox.authz.roles import grants
+
+if TYPE_CHECKING:
+    from sandbox.control import ControlContext
+
+PUBLIC = {"allUsers", "allAuthenticatedUsers"}
+# Convenience members of bucket policies: whoever holds the basic role on the project.
+CONVENIENCE = {"projectOwner": "roles/owner", "projectEditor": "roles/editor", "projectViewer": "roles/viewer"}
+
+
+def caller(ctx: ControlContext) -> str:
+    """The principal every call to the sandbox is made as."""
+    return ctx.config.caller
+
+
+def is_own_project(ctx: ControlContext, project: str) -> bool:
+    return project in (ctx.config.project, str(ctx.config.project_number), "_", "-")
+
+
+def project_policy(ctx: ControlContext) -> dict:
+    """The project's IAM policy JSON (the caller is owner when no Resource Manager stand-in keeps one)."""
+    manager = ctx.module("resourcemanager")
+    if manager is not None:
+        return manager.policy.to_json()
+    return {"bindings": [{"role": "roles/owner", "members": [caller(ctx)]}]}
+
+
+def resource_policy(ctx: ControlContext, resource: str) -> dict | None:
+    """The IAM policy set on ``resource`` itself, or None when it has none (or does not exist)."""
+    parts = resource.split("/")
+    if len(parts) < 4 or parts[0] != "projects":
+        return None
+    if parts[2] == "buckets":
+        front = getattr(ctx, "gcs_front", None)
+        return front.bucket_policy(parts[3]) if front is not None else None
+    if parts[2] == "secrets":
+        manager = ctx.module("secretmanager")
+        return manager.policy("/".join(parts[:4])) if manager is not None else None
+    if parts[2] == "serviceAccounts":
+        iam = ctx.module("iam")
+        account = iam.accounts.get(parts[3]) if iam is not None else None
+        return account.policy.to_json() if account is not None else None
+    if len(parts) >= 6 and parts[2] == "locations" and parts[4] == "services":
+        run = ctx.module("run")
+        name = f"projects/{ctx.config.project}/locations/{parts[3]}/services/{parts[5]}"
+        record = run.services.get(name) if run is not None else None
+        return record.policy if record is not None else None
+    if len(parts) >= 6 and parts[2] == "locations" and parts[4] == "repositories":
+        registry = ctx.module("artifactregistry")
+        if registry is None:
+            return None
+        name = f"projects/{ctx.config.project}/locations/{parts[3]}/repositories/{parts[5]}"
+        record = registry.repositories.get(name)
+        return record.policy if record is not None else None
+    return None
+
+
+def _bindings(policy: dict | None) -> list[dict[str, Any]]:
+    if not policy:
+        return []
+    return [b for b in policy.get("bindings", []) or [] if not b.get("condition")]
+
+
+def _member_matches(ctx: ControlContext, member: str, principal: str, project_bindings: list[dict]) -> bool:
+    if member == principal or member in PUBLIC:
+        return True
+    kind, _, value = member.partition(":")
+    if kind == "domain":
+        return principal.rsplit("@", 1)[-1] == value
+    if kind in CONVENIENCE and is_own_project(ctx, value):
+        role = CONVENIENCE[kind]
+        return any(b.get("role") == role and principal in b.get("members", []) for b in project_bindings)
+    return False
+
+
+def _roles_of(ctx: ControlContext, principal: str, resource: str) -> set[str]:
+    project = _bindings(project_policy(ctx))
+    roles = {b["role"] for b in project if principal in b.get("members", []) or PUBLIC & set(b.get("members", []))}
+    for binding in _bindings(resource_policy(ctx, resource)):
+        if any(_member_matches(ctx, m, principal, project) for m in binding.get("members", [])):
+            roles.add(binding["role"])
+    return roles
+
+
+def has_permission(ctx: ControlContext, principal: str, permission: str, resource: str) -> bool:
+    """Whether ``principal`` holds ``permission`` on ``resource`` through the project's or the resource's policy."""
+    return any(grants(role, permission) for role in _roles_of(ctx, principal, resource))
+
+
+def held_permissions(ctx: ControlContext, principal: str, permissions: list[str], resource: str) -> list[str]:
+    """The subset of ``permissions`` that ``principal`` holds on ``resource``, in the order asked."""
+    roles = _roles_of(ctx, principal, resource)
+    return [p for p in permissions if any(grants(role, p) for role in roles)]

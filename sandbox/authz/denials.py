@@ -1,0 +1,106 @@
+"""403 answers as each Google API words them when the caller lacks a permission.
+
+- AIP-193 APIs (Cloud Run, Secret Manager, Artifact Registry, IAM, Logging, Resource Manager, Service Usage,
+  Org Policy): ``{"error": {"code": 403, "message": "Permission 'P' denied on resource 'R' (or it may not
+  exist).", "status": "PERMISSION_DENIED", "details": [ErrorInfo reason IAM_PERMISSION_DENIED, domain
+  iam.googleapis.com, metadata {permission}]}}`` (python-logging / kubeflow pipelines PR 12591 show the ErrorInfo).
+  Wording differs per API, as seen in public reports:
+  Cloud Run "... denied on resource 'namespaces/p/services/s' (or resource may not exist)." (google-github-actions/
+  deploy-cloudrun issue 182; the v2 API names projects/p/locations/l/services/s); Cloud Run's actAs check
+  "Permission 'iam.serviceaccounts.actAs' denied on service account X (or it may not exist)."
+  (cloud-run-release-manager issue 81, google/keyword_factory issue 22); Secret Manager "... denied for resource
+  'projects/p/secrets/s/versions/1' (or it may not exist)." (googleapis/python-secret-manager issue 389);
+  Artifact Registry "... denied on resource '//artifactregistry.googleapis.com/projects/...' (or it may not
+  exist)." (deploy-cloudrun issue 370); Resource Manager "... '//cloudresourcemanager.googleapis.com/projects/N'"
+  (CrowdStrike/falcon-integration-gateway PR 98); IAM and Logging name no resource ("Permission
+  'iam.serviceAccounts.getAccessToken' denied on resource (or it may not exist).", google-github-actions/auth
+  issue 426).
+- Cloud Build: "The caller does not have permission" (cortex-data-foundation issue 10); a build run as a
+  user-specified account the caller may not use: "caller does not have permission to act as service account ...".
+- Compute Engine: "Required 'compute.networks.get' permission for 'projects/p/global/networks/n'" with
+  ``errors: [{reason: "forbidden"}]`` (alexandarp/terraform-gke issue 2).
+- Cloud Storage: "EMAIL does not have storage.buckets.get access to the Google Cloud Storage bucket. Permission
+  'storage.buckets.get' denied on resource (or it may not exist)." with ``errors: [{reason: "forbidden"}]``
+  (ansible-collections/google.cloud issue 575, zetaalphavector/InPars issue 13); "... to the Google Cloud
+  project." for bucket create and list.
+"""
+
+from __future__ import annotations
+
+from sandbox.authz.methods import ACT_AS, Check
+
+ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+
+
+def _error_info(permission: str, resource: str) -> dict:
+    metadata = {"permission": permission}
+    if resource:
+        metadata["resource"] = resource
+    return {"@type": ERROR_INFO, "reason": "IAM_PERMISSION_DENIED", "domain": "iam.googleapis.com",
+            "metadata": metadata}  # fmt: skip
+
+
+def _aip(message: str, permission: str, resource: str = "") -> dict:
+    return {
+        "error": {
+            "code": 403,
+            "message": message,
+            "status": "PERMISSION_DENIED",
+            "details": [_error_info(permission, resource)],
+        }
+    }
+
+
+def _forbidden(message: str) -> dict:
+    """The JSON API v1 shape (Compute, Storage): an ``errors`` list with reason "forbidden"."""
+    return {
+        "error": {
+            "code": 403,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": "forbidden"}],
+            "status": "PERMISSION_DENIED",
+        }
+    }
+
+
+def _storage_scope(permission: str) -> str:
+    if permission in ("storage.buckets.create", "storage.buckets.list"):
+        return "Google Cloud project"
+    if permission.startswith("storage.objects.") and permission != "storage.objects.list":
+        return "Google Cloud Storage object"
+    return "Google Cloud Storage bucket"
+
+
+def denial(api: str, check: Check, principal: str) -> dict:
+    """The 403 body ``api`` ("run", "storage", ...) sends when ``principal`` lacks ``check.permission``."""
+    permission, resource = check.permission, check.resource
+    if permission == ACT_AS and api == "run":
+        return _aip(
+            f"Permission 'iam.serviceaccounts.actAs' denied on service account {check.subject} (or it may not exist).",
+            permission,
+            resource,
+        )
+    if permission == ACT_AS and api == "cloudbuild":
+        return _aip(f"caller does not have permission to act as service account {check.subject}", permission, resource)
+    if api == "run":
+        return _aip(f"Permission '{permission}' denied on resource '{resource}' (or resource may not exist).",
+                    permission, resource)  # fmt: skip
+    if api == "secretmanager":
+        return _aip(f"Permission '{permission}' denied for resource '{resource}' (or it may not exist).",
+                    permission, resource)  # fmt: skip
+    if api in ("artifactregistry", "cloudresourcemanager", "serviceusage", "orgpolicy"):
+        host = f"//{api}.googleapis.com/{resource}"
+        return _aip(f"Permission '{permission}' denied on resource '{host}' (or it may not exist).", permission,
+                    resource)  # fmt: skip
+    if api == "cloudbuild":
+        return _aip("The caller does not have permission", permission, resource)
+    if api == "compute":
+        return _forbidden(f"Required '{permission}' permission for '{resource}'")
+    if api == "storage":
+        email = principal.partition(":")[2] or principal
+        return _forbidden(
+            f"{email} does not have {permission} access to the {_storage_scope(permission)}. Permission "
+            f"'{permission}' denied on resource (or it may not exist)."
+        )
+    # IAM, Logging and anything else: the resource is not named.
+    return _aip(f"Permission '{permission}' denied on resource (or it may not exist).", permission)

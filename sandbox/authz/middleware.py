@@ -1,0 +1,105 @@
+"""ASGI middleware that answers 403 before the API handler runs when the caller lacks the method's permission.
+
+Each request is routed to its discovery method (``sandbox.discovery.match``), as the real front end routes it;
+the permission and resource come from ``sandbox.authz.methods`` and are checked against the project's and the
+resource's IAM policies (``sandbox.authz.has_permission``) for the configured caller. Requests for other projects
+pass through untouched: the API modules already answer those as Google does for a project you cannot see.
+Admin paths (``/_sandbox``) and requests no discovery method routes are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qsl
+
+from sandbox import authz, discovery
+from sandbox.authz.denials import denial
+from sandbox.authz.methods import READS_BODY, Check, extra_checks, permission_for, resource_for
+
+
+class AuthzMiddleware:
+    """Permission checks for the APIs in ``apis`` (discovery names such as "run.v2"); all served ones if None."""
+
+    def __init__(self, app, ctx, apis: tuple[str, ...] | None = None) -> None:
+        self.app = app
+        self._ctx = ctx  # a ControlContext, or a callable returning it (the GCS front starts before the context)
+        self.apis = apis or tuple(a for a in discovery.SERVED_APIS if a != "storage.v1")
+
+    @property
+    def routes(self) -> list:
+        """The wrapped app's routes (the conformance middleware outside looks them up)."""
+        return getattr(self.app, "routes", [])
+
+    @property
+    def ctx(self):
+        return self._ctx() if callable(self._ctx) else self._ctx
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/_sandbox"):
+            await self.app(scope, receive, send)
+            return
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        match = discovery.match(scope["method"], raw_path.decode("latin-1").split("?", 1)[0], self.apis)
+        permission = permission_for(match.id) if match else None
+        if match is None or (permission is None and match.id not in READS_BODY):
+            await self.app(scope, receive, send)
+            return
+        body: dict = {}
+        if match.id in READS_BODY:
+            raw, receive = await _buffer(receive)
+            try:
+                parsed = json.loads(raw) if raw.strip() else {}
+                body = parsed if isinstance(parsed, dict) else {}
+            except ValueError:
+                body = {}  # malformed JSON: the API itself answers 400
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        config = self.ctx.config
+        resource = resource_for(match, query, body, config.project)
+        if not _own_project(self.ctx, resource):
+            await self.app(scope, receive, send)
+            return
+        checks = [Check(permission, resource)] if permission else []
+        checks += extra_checks(match, body, config.project, str(config.project_number))
+        principal = authz.caller(self.ctx)
+        for check in checks:
+            if not authz.has_permission(self.ctx, principal, check.permission, check.resource):
+                await _send_json(send, 403, denial(match.method.api.split(".")[0], check, principal))
+                return
+        await self.app(scope, receive, send)
+
+
+def _own_project(ctx, resource: str) -> bool:
+    parts = resource.split("/")
+    if len(parts) < 2 or parts[0] != "projects":
+        return True  # no project in the name (e.g. a logging scope): the sandbox's own
+    return authz.is_own_project(ctx, parts[1])
+
+
+async def _buffer(receive):
+    """Read the whole request body and return it with a ``receive`` that replays it to the app."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    raw = b"".join(chunks)
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
+
+    return raw, replay
+
+
+async def _send_json(send, status: int, body: dict) -> None:
+    payload = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json; charset=UTF-8"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,454 @@
+"""doctor: read-only checks of a real project before anything is spent, each with the command that fixes it.
+
+Every call here is a read method: Service Usage ``services.batchGet`` and ``consumerQuotaMetrics.get``, Resource
+Manager and IAM ``testIamPermissions``, Org Policy ``getEffectivePolicy``, Cloud Storage ``buckets.get``. A check
+that cannot read what it needs (an API that is itself disabled, a permission doctor lacks) reports that as its
+result instead of raising, so one run shows everything that stands in the way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+from urllib.parse import quote
+
+from google.api_core import exceptions as gexc
+from google.cloud import service_usage_v1
+from pydantic import BaseModel, Field
+
+from blocks.hardware import GPUS
+from blocks.profile import ServingProfile
+from blocks.target import GcpTarget
+from tasks import clients
+from tasks.build_identity import BUCKET_ROLES, REPOSITORY_ROLE
+from tasks.infra import repository_path
+from tasks.permissions import ACT_AS, grant_command, required_permissions, role_for
+
+Status = Literal["ok", "warn", "fail"]
+ME = 'user:"$(gcloud config get-value account)"'  # the member a fix command grants to: whoever runs it
+
+
+class Check(BaseModel):
+    """One doctor finding: what was checked, how it stands, and the command that fixes it."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = Field("", description="The exact command (or setting) that fixes it; empty when nothing to fix.")
+
+
+class DoctorFailed(RuntimeError):
+    """The project is not ready: the message lists each failed check and its fix."""
+
+    def __init__(self, checks: list[Check]) -> None:
+        self.checks = [c for c in checks if c.status == "fail"]
+        # The first line is what a promotion report shows as its reason; the fixes follow, one a line.
+        summary = "doctor: project not ready: " + " | ".join(f"{c.name}: {c.detail}" for c in self.checks)
+        fixes = [f"fix ({c.name}): {c.fix}" for c in self.checks if c.fix]
+        super().__init__("\n".join([summary, *fixes]))
+
+
+# APIs by what uses them. serviceusage and cloudresourcemanager are what doctor itself reads through.
+ALWAYS_APIS = (
+    "run.googleapis.com",
+    "compute.googleapis.com",
+    "iam.googleapis.com",
+    "storage.googleapis.com",
+    "logging.googleapis.com",
+    "serviceusage.googleapis.com",
+    "cloudresourcemanager.googleapis.com",
+)
+BUILD_APIS = ("cloudbuild.googleapis.com", "artifactregistry.googleapis.com")
+SECRET_APIS = ("secretmanager.googleapis.com",)
+TEST_PERMISSIONS_BATCH = 100  # testIamPermissions takes at most 100 permissions per call
+
+# What the rendered service uses (tasks/render.py): ingress "all" (private through IAM) and all-traffic egress.
+INGRESS = "all"
+VPC_EGRESS = "all-traffic"
+
+
+def required_apis(profile: ServingProfile) -> list[str]:
+    """The services the pipeline calls for this profile: build APIs only when it builds its image, Secret Manager
+    when the Hub token is stored there."""
+    apis = list(ALWAYS_APIS)
+    if profile.build is not None:
+        apis += BUILD_APIS
+    if profile.build is not None or profile.hf_token_at_runtime:
+        apis += SECRET_APIS
+    return sorted(apis)
+
+
+def enable_command(services: list[str], project: str) -> str:
+    return f"gcloud services enable {' '.join(services)} --project {project}"
+
+
+def _disabled_service(exc: Exception) -> str | None:
+    """The service a 403 SERVICE_DISABLED names (ErrorInfo metadata), else None."""
+    if isinstance(exc, gexc.GoogleAPICallError) and exc.reason == "SERVICE_DISABLED":
+        return (exc.metadata or {}).get("service")
+    return None
+
+
+def _json_error(response) -> tuple[str, str | None]:
+    """(message, disabled service) of an error answered to an AuthorizedSession call."""
+    try:
+        error = response.json().get("error", {})
+    except ValueError:
+        return response.text[:300], None
+    for detail in error.get("details", []):
+        if detail.get("reason") == "SERVICE_DISABLED":
+            return error.get("message", ""), detail.get("metadata", {}).get("service")
+    return error.get("message", response.text[:300]), None
+
+
+def _unreadable(name: str, target: GcpTarget, exc: Exception, role: str) -> Check:
+    """A check whose read failed: a disabled API names the enable command, a 403 the role that allows the read."""
+    service = _disabled_service(exc)
+    if service:
+        return Check(name=name, status="fail", detail=f"{service} is not enabled, so this could not be checked.",
+                     fix=enable_command([service], target.project))  # fmt: skip
+    if isinstance(exc, gexc.Forbidden | gexc.PermissionDenied):
+        return Check(name=name, status="fail", detail=f"doctor may not read this: {exc.message}",
+                     fix=grant_command(target.project, role, ME))  # fmt: skip
+    return Check(name=name, status="warn", detail=f"could not be checked: {exc}")
+
+
+# Checks ---------------------------------------------------------------------------------------------------------
+def check_apis(target: GcpTarget, profile: ServingProfile) -> Check:
+    """The APIs the pipeline calls are enabled (Service Usage ``services.batchGet``)."""
+    name = "APIs enabled"
+    wanted = required_apis(profile)
+    parent = f"projects/{target.project}"
+    try:
+        found = clients.service_usage(target).batch_get_services(
+            request={"parent": parent, "names": [f"{parent}/services/{s}" for s in wanted]}
+        )
+    except gexc.GoogleAPICallError as exc:
+        if _disabled_service(exc) == "serviceusage.googleapis.com":
+            return Check(
+                name=name, status="fail",
+                detail="serviceusage.googleapis.com is not enabled, so the other APIs could not be read.",
+                fix=enable_command(wanted, target.project),
+            )  # fmt: skip
+        return _unreadable(name, target, exc, "roles/serviceusage.serviceUsageViewer")
+    enabled = service_usage_v1.State.ENABLED
+    off = sorted(s.name.rsplit("/", 1)[-1] for s in found.services if s.state != enabled)
+    if off:
+        return Check(name=name, status="fail", detail=f"not enabled: {', '.join(off)}.",
+                     fix=enable_command(off, target.project))  # fmt: skip
+    return Check(name=name, status="ok", detail=f"{len(wanted)} APIs enabled: {', '.join(wanted)}.")
+
+
+def _granted(target: GcpTarget, permissions: list[str]) -> set[str]:
+    projects = clients.projects(target)
+    granted: set[str] = set()
+    for start in range(0, len(permissions), TEST_PERMISSIONS_BATCH):
+        batch = permissions[start : start + TEST_PERMISSIONS_BATCH]
+        answer = projects.test_iam_permissions(request={"resource": f"projects/{target.project}", "permissions": batch})
+        granted |= set(answer.permissions)
+    return granted
+
+
+def check_permissions(target: GcpTarget, profile: ServingProfile) -> Check:
+    """The caller holds every permission of the deployer role table (``projects.testIamPermissions``)."""
+    name = "deployer permissions"
+    wanted = required_permissions(building=profile.build is not None, hub_token=profile.hf_token_at_runtime)
+    try:
+        missing = sorted(set(wanted) - _granted(target, wanted))
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/browser")
+    if not missing:
+        return Check(name=name, status="ok", detail=f"all {len(wanted)} permissions of the deployer roles held.")
+    roles: dict[str, list[str]] = {}
+    for permission in missing:
+        roles.setdefault(role_for(permission), []).append(permission)
+    detail = "; ".join(f"{role} for {', '.join(perms)}" for role, perms in roles.items())
+    fix = " && ".join(grant_command(target.project, role, ME) for role in roles)
+    return Check(name=name, status="fail", detail=f"missing permissions: {detail}.", fix=fix)
+
+
+def check_act_as(target: GcpTarget) -> Check:
+    """The caller may act as the runtime service account (``serviceAccounts.testIamPermissions``); before the account
+    exists, the project-level grant that will cover it."""
+    return _act_as("actAs on the runtime service account", target, target.service_account_email)
+
+
+def _act_as(name: str, target: GcpTarget, email: str) -> Check:
+    iam = clients.iam(target)
+    response = iam.session.post(
+        iam.url(f"projects/{target.project}/serviceAccounts/{email}:testIamPermissions"), json={"permissions": [ACT_AS]}
+    )
+    account_fix = (
+        f"gcloud iam service-accounts add-iam-policy-binding {email} --project {target.project} "
+        f"--member={ME} --role=roles/iam.serviceAccountUser"
+    )
+    if response.status_code == 200:
+        if ACT_AS in response.json().get("permissions", []):
+            return Check(name=name, status="ok", detail=f"may act as {email}.")
+        return Check(name=name, status="fail", detail=f"may not act as {email}: a deploy or build that runs as it "
+                     "fails with 403 iam.serviceaccounts.actAs.", fix=account_fix)  # fmt: skip
+    message, disabled = _json_error(response)
+    if disabled:
+        return Check(name=name, status="fail", detail=f"{disabled} is not enabled, so this could not be checked.",
+                     fix=enable_command([disabled], target.project))  # fmt: skip
+    if response.status_code not in (403, 404):
+        return Check(name=name, status="warn", detail=f"could not be checked: {response.status_code} {message}")
+    # 404 (or 403 "or it may not exist"): no account yet. promote creates it; the project-level grant covers it then.
+    try:
+        held = ACT_AS in _granted(target, [ACT_AS])
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/browser")
+    if held:
+        return Check(name=name, status="ok", detail=f"{email} will be created by promote; project-level "
+                     f"{ACT_AS} covers it.")  # fmt: skip
+    return Check(name=name, status="fail", detail=f"{email} does not exist yet and {ACT_AS} is not granted on the "
+                 "project, so the first deploy would be refused.",
+                 fix=grant_command(target.project, "roles/iam.serviceAccountUser", ME))  # fmt: skip
+
+
+def check_gpu_region(target: GcpTarget, profile: ServingProfile) -> Check:
+    """The region offers the profile's GPU on Cloud Run (the catalogue in blocks/hardware.py)."""
+    name = "GPU offered in region"
+    if profile.gpu_type is None:
+        return Check(name=name, status="ok", detail="CPU-only profile: no GPU needed.")
+    regions = sorted(GPUS[profile.gpu_type].regions)
+    if target.region in regions:
+        return Check(name=name, status="ok", detail=f"{profile.gpu_type} is offered in {target.region}.")
+    return Check(name=name, status="fail", detail=f"Cloud Run offers {profile.gpu_type} only in {', '.join(regions)}.",
+                 fix=f"set the target's region to one of {', '.join(regions)} (or pick a profile whose GPU "
+                 f"{target.region} offers)")  # fmt: skip
+
+
+def gpu_quota_metric(gpu_type: str, zonal_redundancy: bool) -> str:
+    """Cloud Run's GPU quota metric: run.googleapis.com/nvidia_l4_gpu_allocation_no_zonal_redundancy and the like
+    (Cloud Run docs, "GPU support for services": quota "Total Nvidia L4 GPU allocation without zonal redundancy,
+    per project per region")."""
+    base = f"run.googleapis.com/{gpu_type.replace('-', '_')}_gpu_allocation"
+    return base if zonal_redundancy else f"{base}_no_zonal_redundancy"
+
+
+def _effective_limit(metric: dict, region: str) -> int | None:
+    """The metric's limit in ``region``: its region bucket, else its default bucket; -1 means unlimited."""
+    default = None
+    for limit in metric.get("consumerQuotaLimits", []):
+        for bucket in limit.get("quotaBuckets", []):
+            dimensions = bucket.get("dimensions") or {}
+            value = int(bucket.get("effectiveLimit", "0"))
+            if dimensions.get("region") == region:
+                return value
+            if not dimensions:
+                default = value
+    return default
+
+
+def check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> Check:
+    """The Cloud Run GPU quota in the region covers ``max_instances`` (Service Usage v1beta1 consumer quota metric)."""
+    name = "GPU quota"
+    if profile.gpu_type is None:
+        return Check(name=name, status="ok", detail="CPU-only profile: no GPU quota needed.")
+    metric = gpu_quota_metric(profile.gpu_type, profile.gpu_zonal_redundancy)
+    quotas = clients.quotas(target)
+    path = f"projects/{target.project}/services/run.googleapis.com/consumerQuotaMetrics/{quote(metric, safe='')}"
+    response = quotas.session.get(quotas.url(path))
+    if response.status_code != 200:
+        message, disabled = _json_error(response)
+        if disabled:
+            return Check(name=name, status="fail", detail=f"{disabled} is not enabled, so this could not be checked.",
+                         fix=enable_command([disabled], target.project))  # fmt: skip
+        return Check(name=name, status="warn", detail=f"could not read {metric}: {response.status_code} {message}")
+    limit = _effective_limit(response.json(), target.region)
+    console = f"https://console.cloud.google.com/iam-admin/quotas?project={target.project}&metric={quote(metric)}"
+    if limit is None:
+        return Check(name=name, status="warn", detail=f"{metric} has no limit for {target.region}.", fix=console)
+    if limit == -1 or limit >= profile.max_instances:
+        shown = "unlimited" if limit == -1 else str(limit)
+        return Check(name=name, status="ok", detail=f"{metric} in {target.region}: {shown} >= max_instances "
+                     f"{profile.max_instances}.")  # fmt: skip
+    return Check(
+        name=name, status="fail",
+        detail=f"{metric} in {target.region} is {limit}, below max_instances {profile.max_instances}: the deploy "
+        f'would fail with "Max instances must be set to {limit} or fewer in order to set GPU requirements."',
+        fix=f"request {profile.max_instances} at {console} (region {target.region}), or set the profile's "
+        f"max_instances to {limit}",
+    )  # fmt: skip
+
+
+# Organisation policies -----------------------------------------------------------------------------------------
+# Location value groups a region belongs to (Org Policy "Resource locations" docs: in:us-locations,
+# in:eu-locations, in:asia-locations, in:REGION-locations ...); approximate for the groups that cross continents.
+_GEO_GROUPS = {
+    "us": ("us", "northamerica", "americas"),
+    "northamerica": ("northamerica", "americas"),
+    "southamerica": ("southamerica", "americas"),
+    "europe": ("eu", "europe"),
+    "asia": ("asia", "asia-pacific"),
+    "australia": ("australia", "asia-pacific"),
+    "me": ("me",),
+    "africa": ("africa",),
+}
+
+
+def location_values(region: str) -> set[str]:
+    """The policy values that name ``region``: itself, its value group and its geography's groups."""
+    geo = region.split("-", 1)[0]
+    values = {region, f"in:{region}-locations", f"{region}-locations"}
+    values |= {f"in:{group}-locations" for group in _GEO_GROUPS.get(geo, ())}
+    return values
+
+
+def _normal(value: str) -> str:
+    return value.removeprefix("is:").lower()
+
+
+def list_policy_allows(policy, values: set[str]) -> bool:
+    """Whether an effective list policy lets any of ``values`` through: denyAll refuses, denied values win over
+    allowed ones, a rule with allowed values admits only those, and no rule at all (unset) admits everything."""
+    wanted = {_normal(v) for v in values}
+    allowed_lists: list[set[str]] = []
+    for rule in policy.spec.rules if policy.spec else []:
+        if rule.deny_all:
+            return False
+        if rule.allow_all:
+            return True
+        if rule.values:
+            if wanted & {_normal(v) for v in rule.values.denied_values}:
+                return False
+            if rule.values.allowed_values:
+                allowed_lists.append({_normal(v) for v in rule.values.allowed_values})
+    return not allowed_lists or any(wanted & allowed for allowed in allowed_lists)
+
+
+def _restricted_values(policy) -> list[str]:
+    return [v for rule in (policy.spec.rules if policy.spec else []) if rule.values for v in rule.values.allowed_values]
+
+
+def _allow_fix(constraint: str, value: str, project: str) -> str:
+    # An organisation policy administrator (roles/orgpolicy.policyAdmin) can add the value for this project.
+    return f"gcloud resource-manager org-policies allow {constraint} {value} --project {project}"
+
+
+def check_org_policies(target: GcpTarget) -> list[Check]:
+    """Effective organisation policies that would refuse what the pipeline creates (Org Policy v2)."""
+    client = clients.org_policy(target)
+
+    def effective(constraint: str):
+        return client.get_effective_policy(name=f"projects/{target.project}/policies/{constraint}")
+
+    checks: list[Check] = []
+    for constraint, wanted, why in (
+        ("gcp.resourceLocations", location_values(target.region), f"bucket, registry and service in {target.region}"),
+        ("run.allowedIngress", {INGRESS}, f"ingress '{INGRESS}' (private through IAM)"),
+        ("run.allowedVPCEgress", {VPC_EGRESS}, f"Direct VPC egress '{VPC_EGRESS}'"),
+    ):  # fmt: skip
+        name = f"org policy {constraint}"
+        try:
+            policy = effective(constraint)
+        except gexc.GoogleAPICallError as exc:
+            checks.append(_unreadable(name, target, exc, "roles/orgpolicy.policyViewer"))
+            continue
+        if list_policy_allows(policy, wanted):
+            checks.append(Check(name=name, status="ok", detail=f"allows {why}."))
+            continue
+        value = f"in:{target.region}-locations" if constraint == "gcp.resourceLocations" else next(iter(wanted))
+        shown = ", ".join(_restricted_values(policy)) or "nothing"
+        checks.append(Check(name=name, status="fail", detail=f"refuses {why}; it allows {shown}.",
+                            fix=_allow_fix(constraint, value, target.project)))  # fmt: skip
+    checks.append(_check_member_domains(target, effective))
+    return checks
+
+
+def _check_member_domains(target: GcpTarget, effective: Callable) -> Check:
+    """Domain-restricted sharing: granting run.invoker to a principal outside the allowed organisations fails."""
+    constraint = "iam.allowedPolicyMemberDomains"
+    name = f"org policy {constraint}"
+    try:
+        policy = effective(constraint)
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/orgpolicy.policyViewer")
+    rules = policy.spec.rules if policy.spec else []
+    if not rules or any(r.allow_all for r in rules):
+        return Check(name=name, status="ok", detail="no domain restriction on IAM members.")
+    if not target.invokers:
+        return Check(name=name, status="ok", detail="domains are restricted; the target grants no invokers.")
+    allowed = ", ".join(_restricted_values(policy)) or "no customer"
+    return Check(
+        name=name, status="warn",
+        detail=f"IAM members are restricted to {allowed}; granting run.invoker to {', '.join(target.invokers)} "
+        "fails unless each belongs to one of them (the customer IDs cannot be matched to e-mail domains here).",
+        fix=f"gcloud org-policies describe {constraint} --effective --project {target.project}",
+    )  # fmt: skip
+
+
+def check_bucket(target: GcpTarget) -> Check:
+    """An existing bucket is in the target's region (lesson 18): a bucket's location cannot change."""
+    name = "bucket location"
+    bucket_name = target.bucket_name
+    try:
+        bucket = clients.storage(target).lookup_bucket(bucket_name)
+    except gexc.Forbidden as exc:
+        service = _disabled_service(exc)
+        if service:
+            return Check(name=name, status="fail", detail=f"{service} is not enabled, so this could not be checked.",
+                         fix=enable_command([service], target.project))  # fmt: skip
+        return Check(
+            name=name, status="fail",
+            detail=f"gs://{bucket_name} exists but this identity may not read it (bucket names are global: it may "
+            "belong to another project).",
+            fix=f"set the target's bucket to a name of your own, e.g. {target.project}-{target.region}-models",
+        )  # fmt: skip
+    if bucket is None:
+        return Check(name=name, status="ok", detail=f"gs://{bucket_name} does not exist yet; promote creates it in "
+                     f"{target.region}.")  # fmt: skip
+    location = (bucket.location or "").lower()
+    if location == target.region and (bucket.location_type or "region") == "region":
+        return Check(name=name, status="ok", detail=f"gs://{bucket_name} is in {target.region}.")
+    return Check(
+        name=name, status="fail",
+        detail=f"gs://{bucket_name} is in {bucket.location} ({bucket.location_type}), not {target.region}: weights "
+        "would cross regions on every cold start.",
+        fix=f"set the target's bucket to a new name (created in {target.region}), e.g. "
+        f"{bucket_name[:50]}-{target.region}",
+    )  # fmt: skip
+
+
+def check_build_identity(target: GcpTarget, profile: ServingProfile) -> Check:
+    """The dedicated build identity (tasks/build_identity.py) when the profile builds its image: the caller may act
+    as it, and it holds objectViewer + objectCreator on the bucket and artifactregistry.writer on the repository
+    (promote grants what is missing; this row says what it will grant)."""
+    name = "build identity"
+    if profile.build is None:
+        return Check(name=name, status="ok", detail="prebuilt image: no Cloud Build.")
+    email = target.build_service_account_email
+    acting = _act_as(name, target, email)
+    if acting.status != "ok" or "will be created" in acting.detail:
+        return acting
+    member = f"serviceAccount:{email}"
+    missing: list[tuple[str, str]] = []  # (resource, role)
+    try:
+        policy = clients.storage(target).bucket(target.bucket_name).get_iam_policy(requested_policy_version=3)
+        held = {b["role"] for b in policy.bindings if member in b.get("members", ())}
+        missing += [(f"gs://{target.bucket_name}", role) for role in BUCKET_ROLES if role not in held]
+    except gexc.NotFound:
+        pass  # no bucket yet: promote creates it and grants both roles
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/storage.admin")
+    try:
+        policy = clients.artifact_registry(target).get_iam_policy(request={"resource": repository_path(target)})
+        if not any(b.role == REPOSITORY_ROLE and member in b.members for b in policy.bindings):
+            missing.append((repository_path(target), REPOSITORY_ROLE))
+    except gexc.NotFound:
+        pass  # no repository yet: promote creates it and grants the role
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/artifactregistry.admin")
+    if not missing:
+        return Check(name=name, status="ok", detail=f"{email} exists and holds its roles on the bucket and repository.")
+    fixes = [
+        f"gcloud storage buckets add-iam-policy-binding {resource} --member={member} --role={role}"
+        if resource.startswith("gs://")
+        else f"gcloud artifacts repositories add-iam-policy-binding {target.artifact_repository} "
+        f"--location {target.region} --project {target.project} --member={member} --role={role}"
+        for resource, role in missing
+    ]
+    shown = ", ".join(f"{role} on {resource}" for resource, role in missing)
+    return Check(name=name, status="warn", detail=f"{email} lacks {shown}; promote grants it before the build.",
+                 fix=" && ".join(fixes))  # fmt: skip

@@ -1,0 +1,58 @@
+"""First runs the way they go on a real project: a brand-new service account, and runtime Hub access."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from blocks import ServingProfile
+from flows.promote import promote_model
+from tasks import clients
+from tasks.probe import VerifyOptions
+
+pytestmark = pytest.mark.prefect
+FAST = VerifyOptions(health_period_s=0.05)
+_ids = itertools.count()
+
+
+def promote(service: str, **kwargs):
+    return promote_model(model="sandbox/tiny-chat", service=service, token_secret_block="sandbox-hf-token",
+                         verify=FAST, **kwargs)  # fmt: skip
+
+
+def test_the_first_promotion_with_a_new_service_account_waits_for_iam(sb, flow_env, iam_propagation):
+    """ensure infrastructure creates the account and grants it the bucket at once; the grant waits for IAM."""
+    n = next(_ids)
+    target = flow_env.model_copy(update={"service_account_name": f"first-run-sa-{n}"})
+    target.save(f"e2e-first-run-{n}", overwrite=True)
+    iam_propagation(200)  # 2 s at the default clock: the grant right after the create certainly meets it
+    since = sb.last_request_seq()
+    report = promote(f"e2e-first-run-{n}", target=f"e2e-first-run-{n}")
+    assert report.outcome == "promoted", report.reason
+    revision = clients.run_revisions(target).get_revision(
+        name=f"{target.location_path}/services/e2e-first-run-{n}/revisions/{report.serving_revision}"
+    )
+    assert revision.service_account == target.service_account_email
+    bucket_iam = f"/storage/v1/b/{target.bucket_name}/iam"
+    puts = [r["status"] for r in sb.requests("gcs", since=since) if r["method"] == "PUT" and r["path"] == bucket_iam]
+    assert puts[0] == 400 and puts[-1] == 200  # "does not exist" while IAM propagated, then granted
+
+
+def test_runtime_hub_access_reaches_the_hub_from_the_deployed_container(sb, flow_env):
+    """hf_token_at_runtime with a gated Hub tokenizer: the container fetches it at start with HF_TOKEN."""
+    tokenizer = "sandbox/gated-chat"
+    profile = ServingProfile.preset("l4", hf_token_at_runtime=True, vllm={"extra_args": ["--tokenizer", tokenizer]})
+    profile.save("e2e-runtime-hub", overwrite=True)
+    service = f"e2e-runtime-hub-{next(_ids)}"
+    since = sb.last_request_seq()
+    report = promote(service, profile="e2e-runtime-hub")
+    assert report.outcome == "promoted", report.reason
+    hub = sb.requests("hub", since=since)
+    fetched = [
+        r for r in hub if r["path"].startswith(f"/{tokenizer}/resolve/") and "tokenizer" in r["headers"]["user-agent"]
+    ]
+    assert fetched and {r["headers"]["authorization"] for r in fetched} == {f"Bearer {sb.hub_token}"}
+    spec = clients.run_services(flow_env).get_service(name=f"{flow_env.location_path}/services/{service}")
+    assert spec.template.vpc_access.egress.name == "PRIVATE_RANGES_ONLY"
+    assert "HF_HUB_OFFLINE" not in {e.name for e in spec.template.containers[0].env}

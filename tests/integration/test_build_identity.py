@@ -1,0 +1,177 @@
+"""Cloud Build runs as an identity that needs rights (issue 12): the sandbox enforces them, the product grants them.
+
+New projects build as the Compute Engine default account with no role (the sandbox's default project policy);
+the product builds as its own account, granted objectViewer + objectCreator on the bucket and
+artifactregistry.writer on the repository. Needs the sandbox's permission model (sandbox.authz, H2).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from pathlib import Path
+
+import pytest
+from google.api_core import exceptions
+from google.cloud.devtools import cloudbuild_v1 as cb
+
+from blocks import GcpTarget, ImageBuild
+from tasks import build_identity, clients, infra
+from tasks.builds import ImageBuildError, build_image
+
+Status = cb.Build.Status
+_ids = itertools.count()
+DOCKERFILE = 'FROM python:3.12-slim\nCOPY app.py /app/app.py\nCMD ["python", "/app/app.py"]\n'
+
+
+@pytest.fixture
+def target(sandbox_target) -> GcpTarget:
+    """A bucket, a repository and a build account of its own: no grant from another test applies."""
+    n = f"{next(_ids)}-{uuid.uuid4().hex[:4]}"
+    fresh = sandbox_target.model_copy(
+        update={
+            "bucket": f"build-id-{n}",
+            "artifact_repository": f"build-id-{n}",
+            "build_service_account_name": f"build-id-{n}",
+        }
+    )
+    infra.ensure_bucket(fresh)
+    infra.ensure_artifact_registry(fresh)
+    return fresh
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> ImageBuild:
+    source = tmp_path / f"app-{next(_ids)}"
+    source.mkdir()
+    (source / "Dockerfile").write_text(DOCKERFILE)
+    (source / "app.py").write_text(f"print({uuid.uuid4().hex!r})\n")  # a new content tag: never found built
+    return ImageBuild(source_dir=str(source), image_name="app", max_jobs_ladder=[8])
+
+
+def finished_build(target: GcpTarget, build_id: str) -> cb.Build:
+    return clients.cloud_build(target).get_build(name=f"{target.location_path}/builds/{build_id}")
+
+
+def test_a_build_as_the_dedicated_identity_succeeds(target, app):
+    results = build_identity.ensure_build_identity(target)
+    assert [(r.kind, r.action) for r in results] == [
+        ("service-account", "created"),
+        ("iam", "updated"),
+        ("iam", "updated"),
+    ]
+    assert results[1].changes == ["granted roles/storage.objectViewer", "granted roles/storage.objectCreator"]
+    assert results[2].changes == [
+        f"granted roles/artifactregistry.writer to serviceAccount:{target.build_service_account_email}"
+    ]
+    assert [r.action for r in build_identity.ensure_build_identity(target)] == ["found"] * 3  # idempotent
+
+    result = build_image(target, app)
+    (attempt,) = result.attempts
+    build = finished_build(target, attempt.build_id)
+    assert build.status == Status.SUCCESS
+    assert build.service_account == build_identity.build_account_resource(target)
+    assert build.options.logging == cb.BuildOptions.LoggingMode.GCS_ONLY
+    log = clients.storage(target).bucket(target.bucket_name).blob(f"cloudbuild-logs/log-{build.id}.txt")
+    assert log.download_as_text().rstrip().endswith("DONE")  # written by the build identity to our bucket
+
+
+def test_without_the_repository_grant_the_push_is_denied_and_the_error_names_the_grant(target, app):
+    build_identity.ensure_build_service_account(target)
+    build_identity.grant_build_bucket_access(target)  # the repository grant is missing
+    with pytest.raises(ImageBuildError) as caught:
+        build_image(target, app)
+    repository = f"projects/{target.project}/locations/{target.region}/repositories/{target.artifact_repository}"
+    message = str(caught.value)
+    assert "ended FAILURE" in message
+    # docker push's own line, in the log tail the error carries
+    assert (
+        f'denied: Permission "artifactregistry.repositories.uploadArtifacts" denied on resource "{repository}" '
+        "(or it may not exist)"
+    ) in message
+    assert (
+        f"fix: the build identity {target.build_service_account_email} may not push to the repository; grant it "
+        "roles/artifactregistry.writer there (the ensure-infrastructure step does): `gcloud artifacts repositories "
+        f"add-iam-policy-binding {target.artifact_repository} --project {target.project} --location {target.region} "
+        f"--member serviceAccount:{target.build_service_account_email} --role roles/artifactregistry.writer`"
+    ) in message
+
+
+def test_without_read_access_to_the_source_the_fetch_is_denied(target, app):
+    build_identity.ensure_build_service_account(target)
+    build_identity.grant_build_repository_writer(target)
+    bucket = clients.storage(target).bucket(target.bucket_name)
+    policy = bucket.get_iam_policy(requested_policy_version=3)
+    member = f"serviceAccount:{target.build_service_account_email}"
+    policy.bindings.append({"role": "roles/storage.objectCreator", "members": {member}})  # logs only
+    bucket.set_iam_policy(policy)
+    with pytest.raises(ImageBuildError) as caught:
+        build_image(target, app)
+    message = str(caught.value)
+    assert (
+        f"AccessDeniedException: 403 {target.build_service_account_email} does not have storage.objects.get access "
+        "to the Google Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may not exist)."
+    ) in message
+    assert f"gs://{target.bucket_name} --member {member} --role roles/storage.objectViewer" in message
+
+
+def test_without_write_access_to_the_logs_bucket_the_build_is_refused(target, app):
+    build_identity.ensure_build_service_account(target)
+    build_identity.grant_build_repository_writer(target)
+    bucket = clients.storage(target).bucket(target.bucket_name)
+    policy = bucket.get_iam_policy(requested_policy_version=3)
+    member = f"serviceAccount:{target.build_service_account_email}"
+    policy.bindings.append({"role": "roles/storage.objectViewer", "members": {member}})  # sources only
+    bucket.set_iam_policy(policy)
+    with pytest.raises(ImageBuildError) as caught:
+        build_image(target, app)
+    message = str(caught.value)
+    assert (
+        f'invalid bucket "{target.bucket_name}"; builder service account does not have access to the bucket' in message
+    )
+    assert f"--member {member} --role roles/storage.objectCreator" in message
+
+
+def test_a_build_as_the_default_identity_of_a_new_project_cannot_read_its_source(sb, target, app):
+    # What the product did before it had a build identity: no serviceAccount, so the Compute default account,
+    # which has no role in a new project.
+    gcs = clients.storage(target)
+    gcs.bucket(target.bucket_name).blob("src/app.tar.gz").upload_from_string(
+        b"not read", content_type="application/gzip"
+    )
+    request = cb.Build(
+        source=cb.Source(storage_source=cb.StorageSource(bucket=target.bucket_name, object_="src/app.tar.gz")),
+        steps=[cb.BuildStep(name="gcr.io/cloud-builders/docker", args=["build", "."])],
+        logs_bucket=f"gs://{target.bucket_name}/cloudbuild-logs",
+    )
+    default = f"{sb.configure()['project_number']}-compute@developer.gserviceaccount.com"
+    with pytest.raises(exceptions.BadRequest, match=f'invalid bucket "{target.bucket_name}"; builder service account'):
+        clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+    request.logs_bucket = ""  # Cloud Build's own logs bucket: the source fetch is what fails then
+    operation = clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+    with pytest.raises(exceptions.GoogleAPICallError):
+        operation.result(polling=clients.operation_polling(target), timeout=60)
+    build = finished_build(target, operation.metadata.build.id)
+    assert build.status == Status.FAILURE
+    assert build.failure_info.type_ == cb.Build.FailureInfo.FailureType.FETCH_SOURCE_FAILED
+    assert build.service_account == f"projects/{target.project}/serviceAccounts/{default}"
+    log = sb.admin.get(f"/cloudbuild/logs/{build.id}").text
+    assert f"AccessDeniedException: 403 {default} does not have storage.objects.get access" in log
+
+
+def test_a_build_with_its_own_account_and_no_logging_option_gets_the_real_400(target):
+    build_identity.ensure_build_service_account(target)
+    request = cb.Build(
+        steps=[cb.BuildStep(name="ubuntu", args=["true"])],
+        service_account=build_identity.build_account_resource(target),
+    )
+    with pytest.raises(exceptions.BadRequest) as caught:
+        clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+    assert caught.value.message.endswith(
+        "if 'build.service_account' is specified, the build must either (a) specify 'build.logs_bucket', (b) use the "
+        "REGIONAL_USER_OWNED_BUCKET build.options.default_logs_bucket_behavior option, or (c) use either "
+        "CLOUD_LOGGING_ONLY / NONE logging options"
+    )
+    request.options.logging = cb.BuildOptions.LoggingMode.CLOUD_LOGGING_ONLY  # an explicit choice is accepted
+    operation = clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+    assert operation.result(polling=clients.operation_polling(target), timeout=60).status == Status.SUCCESS

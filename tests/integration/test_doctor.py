@@ -1,0 +1,252 @@
+"""doctor against the sandbox: a clean project is all green; each first-run blocker set up in the sandbox is a named
+failure with the command that fixes it; and doctor only reads. Real clients over real HTTP throughout."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from google.api_core import exceptions as gexc
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+from blocks.images import ImageBuild
+from blocks.profile import ServingProfile
+from blocks.target import GcpTarget
+from flows.doctor import doctor, main
+from tasks import clients
+from tasks import doctor as checks
+from tasks.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
+
+_ids = itertools.count()
+READ_VERBS = (":testIamPermissions", ":getEffectivePolicy", ":batchGet")
+L4 = ServingProfile.preset("l4")
+
+
+@pytest.fixture
+def target(sandbox_target) -> GcpTarget:
+    """The sandbox target with a bucket and service account of its own (neither exists yet)."""
+    n = next(_ids)
+    return sandbox_target.model_copy(update={"bucket": f"doctor-test-{n}", "service_account_name": f"doctor-sa-{n}"})
+
+
+@contextmanager
+def settings(sb, **changes) -> Iterator[None]:
+    """Sandbox settings for the block; the previous values come back after, whatever happens."""
+    before = sb.configure()
+    sb.configure(**changes)
+    try:
+        yield
+    finally:
+        sb.configure(**{key: before[key] for key in changes})
+
+
+def by_name(rows: list[checks.Check]) -> dict[str, checks.Check]:
+    return {row.name: row for row in rows}
+
+
+def all_checks(target: GcpTarget, profile: ServingProfile = L4) -> dict[str, checks.Check]:
+    return by_name(
+        [
+            checks.check_apis(target, profile),
+            checks.check_permissions(target, profile),
+            checks.check_act_as(target),
+            checks.check_gpu_region(target, profile),
+            checks.check_gpu_quota(target, profile),
+            *checks.check_org_policies(target),
+            checks.check_build_identity(target, profile),
+            checks.check_bucket(target),
+        ]
+    )
+
+
+@pytest.mark.prefect
+def test_clean_project_is_all_green_in_the_flow_and_its_table(prefect_api, sb, target):
+    target.save("doctor-clean", overwrite=True)
+    rows = doctor(target="doctor-clean", profile="l4")
+    assert [r.status for r in rows] == ["ok"] * len(rows), [r for r in rows if r.status != "ok"]
+    names = {r.name for r in rows}
+    assert {"APIs enabled", "deployer permissions", "actAs on the runtime service account", "GPU quota",
+            "org policy gcp.resourceLocations", "bucket location"} <= names  # fmt: skip
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="doctor-sandbox-project"))
+        )
+    assert artifacts and artifacts[0].type == "table"
+    assert "GPU quota" in str(artifacts[0].data)
+
+
+@pytest.mark.prefect
+def test_disabled_api_is_refused_as_google_does_and_doctor_names_the_enable_command(prefect_api, sb, target):
+    with settings(sb, disabled_apis=["run.googleapis.com"]):
+        with pytest.raises(gexc.Forbidden) as refused:
+            clients.run_services(target).list_services(parent=target.location_path)
+        assert refused.value.reason == "SERVICE_DISABLED"
+        assert refused.value.metadata["service"] == "run.googleapis.com"
+        assert refused.value.metadata["consumer"] == "projects/123456789012"
+        assert refused.value.message.split(": ", 1)[1].startswith(
+            "Cloud Run Admin API has not been used in project 123456789012 before or it is disabled. Enable it by "
+            "visiting https://console.developers.google.com/apis/api/run.googleapis.com/overview?project=123456789012 "
+            "then retry."
+        )
+        row = checks.check_apis(target, L4)
+        assert row.status == "fail" and "run.googleapis.com" in row.detail
+        assert row.fix == "gcloud services enable run.googleapis.com --project sandbox-project"
+        target.save("doctor-disabled", overwrite=True)
+        assert main(["--target", "doctor-disabled"]) == 1
+    # Enabled again: the same call goes through.
+    clients.run_services(target).list_services(parent=target.location_path)
+
+
+def test_missing_role_is_a_named_failure_with_the_grant_command(sb, target):
+    roles = [need.role for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES) if need.role != "roles/compute.networkAdmin"]
+    with sb.caller_roles(roles):
+        row = checks.check_permissions(target, L4)
+    assert row.status == "fail"
+    assert "roles/compute.networkAdmin" in row.detail and "compute.networks.create" in row.detail
+    assert row.fix.startswith("gcloud projects add-iam-policy-binding sandbox-project --member=")
+    assert row.fix.endswith("--role=roles/compute.networkAdmin")
+    assert checks.check_permissions(target, L4).status == "ok"  # roles restored
+
+
+def test_gpu_quota_below_max_instances_fails_with_the_quota_to_request(sb, target):
+    three = L4.model_copy(update={"max_instances": 3})
+    with settings(sb, gpu_quota={"nvidia-l4": 1, "nvidia-rtx-pro-6000": 1}):
+        row = checks.check_gpu_quota(target, three)
+    assert row.status == "fail"
+    assert "run.googleapis.com/nvidia_l4_gpu_allocation_no_zonal_redundancy in us-central1 is 1" in row.detail
+    assert "below max_instances 3" in row.detail
+    assert "request 3 at https://console.cloud.google.com/iam-admin/quotas?project=sandbox-project" in row.fix
+    assert checks.check_gpu_quota(target, three).status == "ok"  # default quota: 3
+
+
+def test_location_policy_excluding_the_region_fails(sb, target):
+    eu_only = {"gcp.resourceLocations": {"rules": [{"values": {"allowedValues": ["in:eu-locations"]}}]}}
+    with settings(sb, org_policies=eu_only):
+        rows = by_name(checks.check_org_policies(target))
+    row = rows["org policy gcp.resourceLocations"]
+    assert row.status == "fail" and "in:eu-locations" in row.detail
+    assert row.fix == (
+        "gcloud resource-manager org-policies allow gcp.resourceLocations in:us-central1-locations "
+        "--project sandbox-project"
+    )
+    assert rows["org policy run.allowedVPCEgress"].status == "ok"
+
+
+def test_egress_policy_refusing_all_traffic_fails(sb, target):
+    private_only = {"run.allowedVPCEgress": {"rules": [{"values": {"allowedValues": ["private-ranges-only"]}}]}}
+    with settings(sb, org_policies=private_only):
+        row = by_name(checks.check_org_policies(target))["org policy run.allowedVPCEgress"]
+    assert row.status == "fail" and row.fix.endswith("run.allowedVPCEgress all-traffic --project sandbox-project")
+
+
+def test_existing_bucket_in_another_region_fails(sb, target):
+    clients.storage(target).create_bucket(target.bucket_name, location="europe-west4")
+    row = checks.check_bucket(target)
+    assert row.status == "fail"
+    assert f"gs://{target.bucket_name} is in EUROPE-WEST4" in row.detail
+    assert row.fix.startswith("set the target's bucket to a new name (created in us-central1)")
+
+
+def test_doctor_only_reads(sb, target, tmp_path):
+    since = sb.last_request_seq()
+    rows = all_checks(target)
+    assert rows and all(r.status == "ok" for r in rows.values()), rows
+    building = ServingProfile.preset("l4", image=None, build=ImageBuild(source_dir=str(tmp_path), image_name="app"))
+    assert checks.check_build_identity(target, building).status == "ok"
+    calls = [r for r in sb.requests(since=since)]
+    assert calls
+    writes = [
+        f"{r['method']} {r['path']}" for r in calls if r["method"] != "GET" and not r["path"].endswith(READ_VERBS)
+    ]
+    assert writes == []
+
+
+def test_service_usage_and_org_policy_answer_as_google(sb, target):
+    usage = clients.service_usage(target)
+    with settings(sb, disabled_apis=["cloudbuild.googleapis.com"]):
+        enabled = [s.config.name for s in usage.list_services(request={"parent": "projects/sandbox-project",
+                                                                        "filter": "state:ENABLED"})]  # fmt: skip
+        build = usage.get_service(request={"name": "projects/sandbox-project/services/cloudbuild.googleapis.com"})
+    assert "run.googleapis.com" in enabled and "cloudbuild.googleapis.com" not in enabled
+    assert build.name == "projects/123456789012/services/cloudbuild.googleapis.com"
+    assert build.state.name == "DISABLED" and build.config.title == "Cloud Build API"
+    policy = clients.org_policy(target).get_effective_policy(
+        name="projects/sandbox-project/policies/iam.allowedPolicyMemberDomains"
+    )
+    assert policy.name == "projects/123456789012/policies/iam.allowedPolicyMemberDomains"
+    assert [r.allow_all for r in policy.spec.rules] == [True] and not policy.etag
+
+
+def test_invokers_under_domain_restricted_sharing_are_a_warning(sb, target):
+    restricted = {"iam.allowedPolicyMemberDomains": {"rules": [{"values": {"allowedValues": ["C0abc123"]}}]}}
+    with_invokers = target.model_copy(update={"invokers": ["group:ml-apps@example.com"]})
+    with settings(sb, org_policies=restricted):
+        row = by_name(checks.check_org_policies(with_invokers))["org policy iam.allowedPolicyMemberDomains"]
+    assert row.status == "warn" and "C0abc123" in row.detail and "group:ml-apps@example.com" in row.detail
+
+
+def test_run_service_unaffected_by_unrelated_disabled_api(sb, target):
+    with settings(sb, disabled_apis=["secretmanager.googleapis.com"]):
+        listed = clients.run_services(target).list_services(parent=target.location_path)
+        assert isinstance(list(listed), list)
+        with pytest.raises(gexc.Forbidden):
+            clients.secret_manager(target).list_secrets(parent=f"projects/{target.project}")
+
+
+@pytest.mark.prefect
+def test_promote_runs_doctor_first_when_the_target_asks_and_stops_before_any_write(prefect_api, sb, target):
+    from flows.promote import promote_model
+
+    gated = target.model_copy(update={"doctor_before_promote": True})
+    gated.save("doctor-gate", overwrite=True)
+    since = sb.last_request_seq()
+    with settings(sb, disabled_apis=["compute.googleapis.com"]), pytest.raises(checks.DoctorFailed) as failed:
+        promote_model(model="sandbox/tiny-chat", target="doctor-gate", service="doctor-gate", hub_endpoint=sb.hub_url)
+    assert "gcloud services enable compute.googleapis.com --project sandbox-project" in str(failed.value)
+    assert str(failed.value).splitlines()[0] == (
+        "doctor: project not ready: APIs enabled: not enabled: compute.googleapis.com."
+    )
+    writes = [r for r in sb.requests(since=since) if r["method"] != "GET" and not r["path"].endswith(READ_VERBS)]
+    assert [f"{r['method']} {r['path']}" for r in writes if not r["path"].startswith("/_sandbox")] == []
+    # A clean project passes the same gate and the promotion goes on (a dry run stops after rendering).
+    report = promote_model(
+        model="sandbox/tiny-chat", target="doctor-gate", service="doctor-gate", hub_endpoint=sb.hub_url, dry_run=True
+    )
+    assert report.outcome == "dry-run" and "doctor" in [s.name for s in report.steps]
+
+
+def test_build_identity_is_checked_once_it_exists(sb, target, tmp_path):
+    from tasks import build_identity, infra
+
+    n = next(_ids)
+    target = target.model_copy(
+        update={"build_service_account_name": f"doctor-build-{n}", "artifact_repository": f"doc-{n}"}
+    )
+    building = ServingProfile.preset("l4", image=None, build=ImageBuild(source_dir=str(tmp_path), image_name="app"))
+    first = checks.check_build_identity(target, building)
+    assert first.status == "ok" and "will be created by promote" in first.detail
+    build_identity.ensure_build_service_account(target)
+    infra.ensure_bucket(target)
+    infra.ensure_artifact_registry(target)
+    bare = checks.check_build_identity(target, building)
+    assert bare.status == "warn"
+    assert "roles/storage.objectViewer" in bare.detail and "roles/artifactregistry.writer" in bare.detail
+    assert f"gcloud storage buckets add-iam-policy-binding gs://{target.bucket_name}" in bare.fix
+    build_identity.ensure_build_identity(target)
+    granted = checks.check_build_identity(target, building)
+    assert granted.status == "ok" and "holds its roles" in granted.detail
+
+
+def test_service_usage_itself_disabled_is_named_by_the_checks_that_read_through_it(sb, target):
+    with settings(sb, disabled_apis=["serviceusage.googleapis.com"]):
+        apis = checks.check_apis(target, L4)
+        quota = checks.check_gpu_quota(target, L4)
+    assert apis.status == "fail" and apis.fix.startswith("gcloud services enable ") and "run.googleapis.com" in apis.fix
+    assert (
+        quota.status == "fail"
+        and quota.fix == "gcloud services enable serviceusage.googleapis.com --project sandbox-project"
+    )

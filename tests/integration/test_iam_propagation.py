@@ -1,0 +1,157 @@
+"""IAM eventual consistency: a new service account is unknown to other APIs for a while, and the product waits.
+
+The sandbox hides a new account from setIamPolicy elsewhere and from Cloud Run for ``iam_propagation_seconds``
+(simulated); raw calls get the errors Google gives, the product's grant and deploy steps retry exactly those
+errors and log why they wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud import run_v2
+from pydantic import SecretStr
+
+from tasks import access, clients, infra
+from tasks.cloudrun import deploy_candidate
+from tasks.logs import PACKAGE_LOGGER
+from tests.support.models import tiny_model_files, upload_model
+from tests.support.services import gpu_service
+
+_ids = itertools.count()
+TOKEN = SecretStr("hf_propagationTestTokenValue0000000000")
+VIEWER = "roles/storage.objectViewer"
+
+
+@pytest.fixture
+def target(sandbox_target):
+    n = next(_ids)
+    return sandbox_target.model_copy(
+        update={
+            "bucket": f"propagation-{n}",
+            "artifact_repository": f"propagation-images-{n}",
+            "service_account_name": f"fresh-sa-{n}",
+            "hf_token_secret": f"propagation-token-{n}",
+        }
+    )
+
+
+def waits_logged(caplog, email: str, seen_by: str) -> list[str]:
+    wanted = f"service account {email} is not visible to {seen_by} yet (IAM propagation); retrying in up to"
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(wanted)]
+
+
+def test_a_new_account_is_unknown_to_other_apis_until_iam_propagates(sb, target, iam_propagation):
+    """Raw calls, no product waits: each API answers as Google's does, and the same calls pass once propagated."""
+    storage = clients.storage(target)
+    infra.ensure_bucket(target)
+    infra.ensure_secret(target, TOKEN)
+    infra.ensure_artifact_registry(target)
+    upload_model(storage, target.bucket_name, "models/tiny", tiny_model_files())
+    iam_propagation(3600)  # an hour of simulated time: the window cannot close while this test runs
+    infra.ensure_service_account(target)
+    email, member = target.service_account_email, f"serviceAccount:{target.service_account_email}"
+    # The IAM API itself answers for the account at once.
+    assert infra.iam_call(target, "GET", f"projects/{target.project}/serviceAccounts/{email}")["email"] == email
+
+    bucket = storage.bucket(target.bucket_name)
+
+    def bind_bucket() -> None:
+        policy = bucket.get_iam_policy(requested_policy_version=3)
+        policy.bindings.append({"role": VIEWER, "members": {member}})
+        bucket.set_iam_policy(policy)
+
+    secret = infra.secret_path(target)
+    manager = clients.secret_manager(target)
+    registry = clients.artifact_registry(target)
+    repository = infra.repository_path(target)
+    one_binding = {"bindings": [{"role": "roles/secretmanager.secretAccessor", "members": [member]}]}
+    reader = {"bindings": [{"role": "roles/artifactregistry.reader", "members": [member]}]}
+    services = clients.run_services(target)
+    spec = gpu_service(target.bucket_name)
+    spec.template.service_account = email
+
+    def deploy() -> run_v2.Service:
+        operation = services.create_service(parent=target.location_path, service=spec, service_id=target.bucket)
+        return operation.result(timeout=60, polling=clients.operation_polling(target))
+
+    with pytest.raises(gexc.BadRequest) as storage_error:
+        bind_bucket()
+    assert storage_error.value.message.endswith(f"Service account {email} does not exist.")
+    assert [e["reason"] for e in storage_error.value.errors] == ["invalid"]  # Storage's own error shape
+    with pytest.raises(gexc.BadRequest, match=f"Service account {email} does not exist."):
+        manager.set_iam_policy(request={"resource": secret, "policy": one_binding})
+    with pytest.raises(gexc.BadRequest, match=f"Service account {email} does not exist."):
+        registry.set_iam_policy(request={"resource": repository, "policy": reader})
+    with pytest.raises(gexc.Forbidden) as run_error:
+        deploy()
+    assert run_error.value.message.endswith(
+        f"Permission 'iam.serviceaccounts.actAs' denied on service account {email} (or it may not exist)."
+    )
+
+    iam_propagation(0)  # IAM has caught up: the very same calls succeed
+    bind_bucket()
+    manager.set_iam_policy(request={"resource": secret, "policy": one_binding})
+    registry.set_iam_policy(request={"resource": repository, "policy": reader})
+    revision = clients.run_revisions(target).get_revision(name=deploy().latest_ready_revision)
+    assert revision.service_account == email
+    assert any(member in b["members"] for b in bucket.get_iam_policy(requested_policy_version=3).bindings)
+
+
+def test_grants_right_after_creating_the_account_wait_and_say_why(sb, target, iam_propagation, caplog):
+    caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
+    infra.ensure_bucket(target)
+    infra.ensure_secret(target, TOKEN)
+    iam_propagation(200)  # 2 s at the default clock: far longer than the calls between create and grant take
+    since = sb.last_request_seq()
+    assert infra.ensure_service_account(target).action == "created"
+    assert access.grant_bucket_object_viewer(target).changes == [f"granted {VIEWER}"]
+    assert access.grant_secret_accessor(target).action == "updated"
+    email = target.service_account_email
+    assert waits_logged(caplog, email, "Cloud Storage")  # it waited, and said why
+    assert not waits_logged(caplog, email, "Secret Manager")  # by then IAM had propagated the account
+    puts = [r["status"] for r in sb.requests("gcs", since=since) if r["method"] == "PUT" and r["path"].endswith("/iam")]
+    assert puts[0] == 400 and puts[-1] == 200  # refused while unknown, then accepted
+
+
+def test_a_deploy_naming_a_new_account_waits_for_cloud_run_to_see_it(sb, target, iam_propagation, caplog):
+    caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
+    infra.ensure_bucket(target)
+    upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files())
+    service_id = f"propagation-{next(_ids)}"
+    spec = gpu_service(target.bucket_name)
+    spec.template.service_account = target.service_account_email
+    spec.template.revision = f"{service_id}-first"
+    iam_propagation(200)
+    since = sb.last_request_seq()
+    infra.ensure_service_account(target)
+    candidate = deploy_candidate(target, service_id, spec)
+    assert candidate.first_deploy and candidate.revision == f"{service_id}-first"
+    assert waits_logged(caplog, target.service_account_email, "Cloud Run")
+    creates = [
+        r["status"]
+        for r in sb.requests("control", since=since)
+        if r["method"] == "POST" and r["path"].endswith("/services")
+    ]
+    assert creates[0] == 403 and creates[-1] == 200
+
+
+def test_an_account_that_never_appears_fails_with_the_fix_after_the_deadline(sb, target):
+    """The wait is bounded: an account that never shows up ends in an error naming both causes and the fix."""
+    from tasks.gcp import InfraError
+    from tasks.propagation import when_visible
+
+    ghost = f"never-created@{target.project}.iam.gserviceaccount.com"
+    spec = gpu_service(target.bucket_name)
+    spec.template.service_account = ghost
+    services = clients.run_services(target)
+    with pytest.raises(InfraError, match=r"still not visible to Cloud Run after 2 s.*roles/iam.serviceAccountUser"):
+        when_visible(
+            lambda: services.create_service(parent=target.location_path, service=spec, service_id=target.bucket),
+            ghost,
+            "Cloud Run",
+            deadline_s=2,
+        )

@@ -1,0 +1,110 @@
+"""The deployer role table: the README matches the data, every role is Google's and holds what we say it does,
+and a 403 from any API is turned into the permission and the role to grant."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sandbox.authz import roles as sandbox_roles
+from tasks import permissions
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_role_table_is_the_generated_one() -> None:
+    text = README.read_text()
+    found = re.search(r"<!-- roles-table:start[^>]*-->\n(.*?)<!-- roles-table:end -->", text, re.S)
+    assert found, "README.md lost its roles table markers"
+    assert found.group(1) == permissions.readme_table(), (
+        "README's 'Roles the deployer needs' table differs from tasks/permissions.py: paste readme_table()"
+    )
+
+
+def test_readme_names_the_roles_doctor_reads_with() -> None:
+    text = README.read_text()
+    assert all(f"`{need.role}`" in text for need in permissions.DOCTOR_ROLES)
+
+
+@pytest.mark.parametrize("need", permissions.DEPLOYER_ROLES + permissions.DOCTOR_ROLES, ids=lambda n: n.role)
+def test_each_role_holds_every_permission_we_rely_on(need: permissions.RoleNeed) -> None:
+    """The sandbox's copy of Google's predefined roles agrees with the table (the test that proves the table
+    against the sandbox would otherwise prove nothing)."""
+    assert sandbox_roles.known(need.role)
+    missing = [p for p in need.permissions if not sandbox_roles.grants(need.role, p)]
+    assert not missing, f"{need.role} does not hold {missing}"
+
+
+def test_no_role_is_redundant() -> None:
+    """Every deployer role contributes a permission no other deployer role holds (else it could be dropped)."""
+    for need in permissions.DEPLOYER_ROLES:
+        others = [n.role for n in permissions.DEPLOYER_ROLES if n.role != need.role]
+        unique = [p for p in need.permissions if not any(sandbox_roles.grants(r, p) for r in others)]
+        assert unique, f"{need.role} adds nothing the other roles lack"
+
+
+def test_required_permissions_narrow_with_the_profile() -> None:
+    everything = permissions.required_permissions()
+    assert "cloudbuild.builds.create" in everything and "secretmanager.versions.add" in everything
+    plain = permissions.required_permissions(building=False, hub_token=False)
+    assert "cloudbuild.builds.create" not in plain and "secretmanager.versions.add" not in plain
+    assert permissions.ACT_AS in plain and plain == sorted(set(plain))
+
+
+@pytest.mark.parametrize(
+    ("message", "permission", "role"),
+    [
+        (
+            "Permission 'run.services.create' denied on resource 'projects/p/locations/l/services/s' "
+            "(or resource may not exist).",
+            "run.services.create",
+            "roles/run.admin",
+        ),
+        (
+            "Permission 'iam.serviceaccounts.actAs' denied on service account a@p.iam.gserviceaccount.com "
+            "(or it may not exist).",
+            "iam.serviceAccounts.actAs",
+            "roles/iam.serviceAccountUser",
+        ),
+        (
+            "me@example.com does not have storage.buckets.create access to the Google Cloud project. Permission "
+            "'storage.buckets.create' denied on resource (or it may not exist).",
+            "storage.buckets.create",
+            "roles/storage.admin",
+        ),
+        (
+            "Required 'compute.subnetworks.create' permission for 'projects/p/regions/r/subnetworks/s'",
+            "compute.subnetworks.create",
+            "roles/compute.networkAdmin",
+        ),
+        (
+            "Permission 'secretmanager.versions.add' denied for resource 'projects/p/secrets/s' (or it may not exist).",
+            "secretmanager.versions.add",
+            "roles/secretmanager.admin",
+        ),
+        (
+            "caller does not have permission to act as service account "
+            "projects/p/serviceAccounts/b@p.iam.gserviceaccount.com",
+            "iam.serviceAccounts.actAs",
+            "roles/iam.serviceAccountUser",
+        ),
+    ],
+)
+def test_google_403_messages_name_the_permission_and_role(message: str, permission: str, role: str) -> None:
+    assert permissions.denied_permission(message) == permission
+    explained = permissions.explain_denied(message, "acme-ml")
+    assert f"missing permission {permission}" in explained
+    assert "gcloud projects add-iam-policy-binding acme-ml --member=" in explained and f"--role={role}" in explained
+
+
+def test_storage_names_the_caller_so_the_command_does_too() -> None:
+    message = (
+        "bot@acme.iam.gserviceaccount.com does not have storage.objects.list access to the Google Cloud Storage bucket."
+    )
+    assert "--member=serviceAccount:bot@acme.iam.gserviceaccount.com" in permissions.explain_denied(message, "acme")
+
+
+def test_a_message_without_a_permission_is_left_to_the_caller() -> None:
+    assert permissions.explain_denied("The caller does not have permission", "acme") is None
