@@ -73,6 +73,12 @@ class GcpTarget(Block):
         description="Bucket that caches model weights; defaults to '{project}-{region}-hf-model-cache'. "
         "It must be in the same single region as the service (lesson 18).",
     )
+    build_bucket: str | None = Field(
+        None,
+        description="Bucket for Cloud Build sources and logs, created only when a profile builds its image; defaults "
+        "to '{project}-{region}-hf-builds'. The build identity holds Storage Admin on it (what Cloud Build asks of a "
+        "user-chosen build account's logs bucket), so it is never the model bucket.",
+    )
     model_prefix: str = Field("model-cache", description="Object prefix for staged weights inside the bucket.")
     artifact_repository: str = Field("vllm-images", description="Artifact Registry Docker repository for images.")
     network: str = Field("vllm-serving", description="VPC network for Direct VPC egress.")
@@ -138,11 +144,11 @@ class GcpTarget(Block):
             raise ValueError(f"region '{value}' is not a GCP region name such as 'us-central1' (a zone is not)")
         return value
 
-    @field_validator("bucket")
+    @field_validator("bucket", "build_bucket")
     @classmethod
-    def _bucket(cls, value: str | None) -> str | None:
+    def _bucket(cls, value: str | None, info) -> str | None:
         if value is not None:
-            check_bucket_name(value, "bucket")
+            check_bucket_name(value, info.field_name)
         return value
 
     @field_validator("model_prefix")
@@ -230,6 +236,15 @@ class GcpTarget(Block):
         if self.bucket is None:
             self.bucket = f"{self.project}-{self.region}-hf-model-cache"
             check_bucket_name(self.bucket, "bucket (derived from project and region)")
+        if self.build_bucket is None:
+            self.build_bucket = f"{self.project}-{self.region}-hf-builds"
+            check_bucket_name(self.build_bucket, "build_bucket (derived from project and region)")
+        if self.build_bucket == self.bucket:
+            # The build identity holds Storage Admin on the build bucket: on the model bucket it could replace weights.
+            raise ValueError(
+                f"build_bucket '{self.build_bucket}' is the model bucket; builds need a bucket of their own (the build "
+                "identity administers it): name another one, or leave build_bucket empty"
+            )
         if self.anonymous_credentials and not (self.endpoints and any(self.endpoints.model_dump().values())):
             raise ValueError(
                 "anonymous_credentials is only for targets whose endpoints point at local stand-ins; set "
@@ -243,6 +258,11 @@ class GcpTarget(Block):
     def bucket_name(self) -> str:
         assert self.bucket is not None
         return self.bucket
+
+    @property
+    def build_bucket_name(self) -> str:
+        assert self.build_bucket is not None
+        return self.build_bucket
 
     @property
     def service_account_email(self) -> str:
@@ -267,5 +287,5 @@ def check_bucket_name(value: str, field: str) -> None:
     if not BUCKET.match(value) or ".." in value or value.startswith("goog") or "google" in value:
         raise ValueError(
             f"{field} '{value}' is not a valid bucket name: 3-63 lowercase letters, digits, '-', '_' or '.', "
-            "starting and ending with a letter or digit, without 'goog' prefixes; set bucket explicitly"
+            f"starting and ending with a letter or digit, without 'goog' prefixes; set {field.split()[0]} explicitly"
         )

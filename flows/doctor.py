@@ -36,6 +36,12 @@ def doctor_check_permissions(target: GcpTarget, profile: ServingProfile) -> list
     return [checks.check_permissions(target, profile)]
 
 
+@task(name="doctor_check_doctor_permissions")
+def doctor_check_doctor_permissions(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """The caller holds what doctor's own read-only checks call (Service Usage and Org Policy viewers)."""
+    return [checks.check_doctor_permissions(target)]
+
+
 @task(name="doctor_check_act_as")
 def doctor_check_act_as(target: GcpTarget, profile: ServingProfile) -> list[Check]:
     """The caller may act as the runtime service account."""
@@ -76,6 +82,7 @@ def doctor_check_bucket(target: GcpTarget, profile: ServingProfile) -> list[Chec
 CHECK_TASKS = [
     doctor_check_apis,
     doctor_check_permissions,
+    doctor_check_doctor_permissions,
     doctor_check_act_as,
     doctor_check_gpu_region,
     doctor_check_gpu_quota,

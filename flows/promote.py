@@ -67,12 +67,12 @@ def hf_resolve_model(
 
 @task(name="ensure_infrastructure")
 def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: ModelSource) -> list[str]:
-    """Bucket, registry and the build identity with its grants (when building), network and subnet, service account
-    and its read access to the bucket;
+    """Bucket, registry, build bucket and the build identity with its grants (when building), network and subnet,
+    service account and its read access to the bucket;
     with hf_token_at_runtime, the Hub token in Secret Manager and the service account's access to it alone."""
     steps = [infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet, infra.ensure_service_account]
     if profile.build is not None:
-        steps.insert(1, infra.ensure_artifact_registry)
+        steps[1:1] = [infra.ensure_artifact_registry, infra.ensure_build_bucket]  # builds only: none otherwise
     results = [step(target) for step in steps]
     # Deploying as the serving account needs actAs on it: say so now, before any weights are staged.
     act_as.require_act_as(target, target.service_account_email, "deploying as the serving account")

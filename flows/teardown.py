@@ -12,6 +12,7 @@ from tasks.teardown import (
     compute_delete_network,
     compute_delete_subnet,
     gcs_delete_bucket,
+    gcs_delete_build_bucket,
     iam_delete_service_account,
     run_delete_service,
     secretmanager_delete_secret,
@@ -26,9 +27,11 @@ def teardown(
     service_account: bool = False,
     secret: bool = False,
     staged_weights: bool = False,
+    build_bucket: bool = False,
 ) -> list[EnsureResult]:
     """Delete the service, then (when asked) the subnet and network, the service accounts (serving, build), the Hub
-    token secret, and the bucket with the staged weights, in that order. Each step tolerates what is already gone.
+    token secret, the bucket with the staged weights, and the build bucket with build sources and logs (images stay
+    in Artifact Registry), in that order. Each step tolerates what is already gone.
 
     Cloud Run keeps a subnet's Direct VPC egress IPs 1-2 h after the last service using it is deleted: the subnet
     and network then come back ``held`` (what holds them, when to retry) and the rest of the teardown goes on. Run
@@ -59,6 +62,8 @@ def teardown(
             results.append(secretmanager_delete_secret(gcp))
         if staged_weights:
             results.append(gcs_delete_bucket(gcp))
+        if build_bucket:
+            results.append(gcs_delete_build_bucket(gcp))
     for result in results:
         print(f"{result.kind} {result.name}: {result.action}" + "".join(f"; {c}" for c in result.changes))
     emit("service.torn_down", gcp, service, {"deleted": [r.name for r in results if r.action == "deleted"]})

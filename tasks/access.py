@@ -7,10 +7,7 @@ private and roles/run.invoker goes only to the principals the target lists (less
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from google.api_core import exceptions as gexc
-from google.iam.v1 import policy_pb2
 from prefect import task
 
 from blocks.target import GcpTarget
@@ -58,31 +55,40 @@ def grant_bucket_object_viewer(target: GcpTarget) -> EnsureResult:
     return _result("iam", f"gs://{target.bucket_name} {OBJECT_VIEWER} {member}", changes)
 
 
-def _edit_pb_policy(
-    read: Callable[[], policy_pb2.Policy],
-    write: Callable[[policy_pb2.Policy], object],
-    role: str,
-    wanted: set[str],
-    exact: bool,
-) -> list[str]:
-    """Make ``role`` hold ``wanted`` (exactly, or at least); one read-modify-write with the policy's etag."""
-    policy = read()
-    binding = next((b for b in policy.bindings if b.role == role), None)
-    current = set(binding.members) if binding is not None else set()
-    target_members = wanted if exact else current | wanted
-    if current == target_members:
-        return []
-    changes = [f"granted {role} to {m}" for m in sorted(target_members - current)]
-    changes += [f"removed {role} from {m}" for m in sorted(current - target_members)]
-    if binding is None:
-        binding = policy.bindings.add(role=role)
-    del binding.members[:]
-    binding.members.extend(sorted(target_members))
-    kept = [b for b in policy.bindings if b.members]
-    del policy.bindings[:]
-    policy.bindings.extend(kept)
-    write(policy)  # carries the etag it was read with: a concurrent change makes this fail and retry
-    return changes
+def set_role_members(client, resource: str, role: str, wanted: set[str], exact: bool) -> list[str]:
+    """Make ``role`` on ``resource`` hold ``wanted`` (exactly, or at least), through ``client``'s resource-level
+    ``get_iam_policy``/``set_iam_policy`` (Secret Manager, Artifact Registry, Cloud Run): one read-modify-write
+    with the policy's etag, retried when a concurrent change wins. Returns the changes made."""
+
+    def edit() -> list[str]:
+        policy = client.get_iam_policy(request={"resource": resource})
+        binding = next((b for b in policy.bindings if b.role == role), None)
+        current = set(binding.members) if binding is not None else set()
+        target_members = wanted if exact else current | wanted
+        if current == target_members:
+            return []
+        changes = [f"granted {role} to {m}" for m in sorted(target_members - current)]
+        changes += [f"removed {role} from {m}" for m in sorted(current - target_members)]
+        if binding is None:
+            binding = policy.bindings.add(role=role)
+        del binding.members[:]
+        binding.members.extend(sorted(target_members))
+        kept = [b for b in policy.bindings if b.members]
+        del policy.bindings[:]
+        policy.bindings.extend(kept)
+        # The policy carries the etag it was read with: a concurrent change makes this fail and retry.
+        client.set_iam_policy(request={"resource": resource, "policy": policy})
+        return changes
+
+    return POLICY_CONFLICT_RETRY(edit)()
+
+
+def grant_to_new_account(client, resource: str, role: str, email: str, seen_by: str) -> list[str]:
+    """``role`` on ``resource`` for the service account ``email`` (other members kept), retried while IAM has
+    not yet propagated a newly created account to ``seen_by`` (the API holding ``resource``)."""
+    return when_visible(
+        lambda: set_role_members(client, resource, role, {f"serviceAccount:{email}"}, exact=False), email, seen_by
+    )
 
 
 def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None) -> EnsureResult:
@@ -91,17 +97,7 @@ def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None) -> En
     name = secret_path(target, secret_id)
     member = _member(target)
     with gcp_errors("secretmanager", "roles/secretmanager.admin", f"IAM policy of {name}", target.project):
-        changes = when_visible(  # a new service account is unknown to Secret Manager until IAM propagates it
-            lambda: POLICY_CONFLICT_RETRY(_edit_pb_policy)(
-                lambda: manager.get_iam_policy(request={"resource": name}),
-                lambda policy: manager.set_iam_policy(request={"resource": name, "policy": policy}),
-                SECRET_ACCESSOR,
-                {member},
-                False,
-            ),
-            target.service_account_email,
-            "Secret Manager",
-        )
+        changes = grant_to_new_account(manager, name, SECRET_ACCESSOR, target.service_account_email, "Secret Manager")
     return _result("iam", f"{name} {SECRET_ACCESSOR} {member}", changes)
 
 
@@ -114,13 +110,7 @@ def ensure_service_invokers(target: GcpTarget, service_id: str) -> EnsureResult:
         raise InfraError("invokers: the service stays private; remove allUsers / allAuthenticatedUsers")
     with gcp_errors("run", "roles/run.admin", f"IAM policy of service {service_id}", target.project):
         try:
-            changes = POLICY_CONFLICT_RETRY(_edit_pb_policy)(
-                lambda: services.get_iam_policy(request={"resource": name}),
-                lambda policy: services.set_iam_policy(request={"resource": name, "policy": policy}),
-                RUN_INVOKER,
-                wanted,
-                True,
-            )
+            changes = set_role_members(services, name, RUN_INVOKER, wanted, exact=True)
         except gexc.NotFound:
             raise InfraError(f"service {service_id} does not exist yet; deploy it before granting invokers") from None
     return _result("iam", f"{name} {RUN_INVOKER}", changes)

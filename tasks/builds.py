@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from google.api_core import exceptions as gexc
+from google.api_core.operation import Operation
 from google.api_core.retry import if_exception_type as retry_if
 from google.cloud.devtools import cloudbuild_v1
 from prefect import task
@@ -28,6 +29,7 @@ from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
+from tasks.build_identity import BUILD_BUCKET_ROLE
 from tasks.gcp import CREATE_RETRY, GCP_RETRY, gcp_errors, wait_for
 from tasks.images import (
     BuildPlan,
@@ -40,6 +42,7 @@ from tasks.images import (
 )
 from tasks.infra import repository_path
 from tasks.logs import run_logger
+from tasks.propagation import when_visible
 
 Status = cloudbuild_v1.Build.Status
 RUNNING = (Status.STATUS_UNKNOWN, Status.PENDING, Status.QUEUED, Status.WORKING)
@@ -185,6 +188,17 @@ def _wait_for_build(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget, b
     polling.with_predicate(retry_if(_StillBuilding)).with_timeout(timeout)(poll)()
 
 
+def _create_build(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget, request: cloudbuild_v1.Build) -> Operation:
+    """``builds.create``; a build identity created moments ago (ensure-infrastructure) is waited for while Cloud
+    Build's actAs check cannot see it yet (tasks/propagation.py)."""
+    email = request.service_account.rsplit("/", 1)[-1]
+
+    def create() -> Operation:
+        return client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
+
+    return when_visible(create, email, "Cloud Build") if email else create()
+
+
 def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: int) -> cloudbuild_v1.Build:
     """Submit one build attempt and wait for it; returns the finished Build whatever its status.
 
@@ -199,7 +213,7 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
     with gcp_errors("cloudbuild", "roles/cloudbuild.builds.editor", f"building {plan.tagged}", target.project):
         # parent alone selects the regional endpoint (FACTS.md); the build runs in the service's region.
         try:
-            operation = client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
+            operation = _create_build(client, target, request)
         except gexc.BadRequest as exc:
             fix = _identity_fix(plan, request.service_account, exc.message)
             if fix is None:
@@ -210,7 +224,7 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
             if build_id is not None:
                 _wait_for_build(client, target, build_id, timeout)
                 return client.get_build(name=f"{target.location_path}/builds/{build_id}", retry=GCP_RETRY)
-            operation = client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
+            operation = _create_build(client, target, request)
         build_id = operation.metadata.build.id
         try:
             finished = wait_for(operation, clients.operation_polling(target), timeout=timeout)
@@ -287,19 +301,20 @@ def _identity_fix(plan: BuildPlan, account: str, log: str) -> str | None:
             "--role roles/artifactregistry.writer`"
         )
     if "does not have storage.objects.get access" in log:  # FETCHSOURCE: "AccessDeniedException: 403 ..."
-        return (
-            f"the build identity {email} may not read the build source; grant it roles/storage.objectViewer on the "
-            f"bucket (the ensure-infrastructure step does): `gcloud storage buckets add-iam-policy-binding "
-            f"gs://{plan.source_bucket} --member {member} --role roles/storage.objectViewer`"
-        )
+        return _bucket_fix(email, "may not read the build source", plan.source_bucket)
     if "builder service account does not have access to the bucket" in log:  # create: 400 invalid bucket
-        bucket = plan.logs_bucket.removeprefix("gs://").split("/")[0]
-        return (
-            f"the build identity {email} may not write the build log; grant it roles/storage.objectCreator on the "
-            f"bucket (the ensure-infrastructure step does): `gcloud storage buckets add-iam-policy-binding "
-            f"gs://{bucket} --member {member} --role roles/storage.objectCreator`"
-        )
+        return _bucket_fix(email, "may not write the build log", plan.logs_bucket.removeprefix("gs://").split("/")[0])
     return None
+
+
+def _bucket_fix(email: str, what: str, bucket: str) -> str:
+    """Storage Admin on the build bucket: what Cloud Build's docs ask for a user-chosen build account's logs bucket
+    (tasks/build_identity.py); objectViewer/objectCreator are not enough at create."""
+    return (
+        f"the build identity {email} {what}; grant it {BUILD_BUCKET_ROLE} on the build bucket (the "
+        f"ensure-infrastructure step does): `gcloud storage buckets add-iam-policy-binding gs://{bucket} "
+        f"--member serviceAccount:{email} --role {BUILD_BUCKET_ROLE}`"
+    )
 
 
 def _failure_message(plan: BuildPlan, finished: cloudbuild_v1.Build, status: Status, tail: str) -> str:

@@ -117,34 +117,33 @@ def storage(target: GcpTarget):
 
 
 @dataclass(frozen=True)
-class IamRest:
-    """The IAM REST API (service accounts): iam_admin_v1 has no REST transport (FACTS.md)."""
+class GoogleRest:
+    """A Google REST API called without a client library: an authorized session, the endpoint and the version.
+
+    Used where no google-cloud-* library has a REST transport (IAM admin, FACTS.md) or covers the version (Service
+    Usage v1beta1), or where one method does not warrant one (Cloud Logging ``entries.list``).
+    """
 
     session: AuthorizedSession
     base_url: str
+    version: str
 
     def url(self, path: str) -> str:
-        return f"{self.base_url}/v1/{path.lstrip('/')}"
+        return f"{self.base_url}/{self.version}/{path.lstrip('/')}"
 
 
-def iam(target: GcpTarget) -> IamRest:
-    return IamRest(AuthorizedSession(credentials(target)), target.endpoint("iam") or IAM_DEFAULT_ENDPOINT)
+def _google_rest(target: GcpTarget, api: str, default_endpoint: str, version: str) -> GoogleRest:
+    return GoogleRest(AuthorizedSession(credentials(target)), target.endpoint(api) or default_endpoint, version)
 
 
-@dataclass(frozen=True)
-class LoggingRest:
-    """The Cloud Logging API v2, called over REST: reading entries needs one method, not google-cloud-logging."""
-
-    session: AuthorizedSession
-    base_url: str
-
-    def url(self, path: str) -> str:
-        return f"{self.base_url}/v2/{path.lstrip('/')}"
+def iam(target: GcpTarget) -> GoogleRest:
+    """The IAM REST API v1 (service accounts): iam_admin_v1 has no REST transport (FACTS.md)."""
+    return _google_rest(target, "iam", IAM_DEFAULT_ENDPOINT, "v1")
 
 
-def logging_api(target: GcpTarget) -> LoggingRest:
-    """Cloud Logging API v2 (revision logs): an authorized session and the target's endpoint."""
-    return LoggingRest(AuthorizedSession(credentials(target)), target.endpoint("logging") or LOGGING_DEFAULT_ENDPOINT)
+def logging_api(target: GcpTarget) -> GoogleRest:
+    """Cloud Logging API v2 (revision logs): reading entries needs one method, not google-cloud-logging."""
+    return _google_rest(target, "logging", LOGGING_DEFAULT_ENDPOINT, "v2")
 
 
 def service_usage(target: GcpTarget):
@@ -168,23 +167,10 @@ def org_policy(target: GcpTarget):
     return _rest_client(orgpolicy_v2.OrgPolicyClient, target, "orgpolicy")
 
 
-@dataclass(frozen=True)
-class QuotaRest:
-    """Service Usage v1beta1 consumer quota metrics (Cloud Run GPU quota), called over REST: no google-cloud-*
-    library covers v1beta1, and the Cloud Quotas API client is not needed for one read."""
-
-    session: AuthorizedSession
-    base_url: str
-
-    def url(self, path: str) -> str:
-        return f"{self.base_url}/v1beta1/{path.lstrip('/')}"
-
-
-def quotas(target: GcpTarget) -> QuotaRest:
-    """Service Usage API v1beta1 (consumer quota metrics): an authorized session and the target's endpoint."""
-    return QuotaRest(
-        AuthorizedSession(credentials(target)), target.endpoint("serviceusage") or SERVICEUSAGE_DEFAULT_ENDPOINT
-    )
+def quotas(target: GcpTarget) -> GoogleRest:
+    """Service Usage API v1beta1 consumer quota metrics (Cloud Run GPU quota): no google-cloud-* library covers
+    v1beta1, and the Cloud Quotas API client is not needed for one read."""
+    return _google_rest(target, "serviceusage", SERVICEUSAGE_DEFAULT_ENDPOINT, "v1beta1")
 
 
 def operation_polling(target: GcpTarget):

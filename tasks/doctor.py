@@ -20,9 +20,16 @@ from blocks.hardware import GPUS
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
-from tasks.build_identity import BUCKET_ROLES, REPOSITORY_ROLE
+from tasks.build_identity import BUILD_BUCKET_ROLE, REPOSITORY_ROLE
 from tasks.infra import repository_path
-from tasks.permissions import ACT_AS, grant_command, required_permissions, role_for
+from tasks.permissions import (
+    ACT_AS,
+    denied_permission,
+    doctor_permissions,
+    grant_command,
+    required_permissions,
+    role_for,
+)
 
 Status = Literal["ok", "warn", "fail"]
 ME = 'user:"$(gcloud config get-value account)"'  # the member a fix command grants to: whoever runs it
@@ -108,9 +115,16 @@ def _unreadable(name: str, target: GcpTarget, exc: Exception, role: str) -> Chec
         return Check(name=name, status="fail", detail=f"{service} is not enabled, so this could not be checked.",
                      fix=enable_command([service], target.project))  # fmt: skip
     if isinstance(exc, gexc.Forbidden | gexc.PermissionDenied):
-        return Check(name=name, status="fail", detail=f"doctor may not read this: {exc.message}",
-                     fix=grant_command(target.project, role, ME))  # fmt: skip
+        return _read_denied(name, target, exc.message, role)
     return Check(name=name, status="warn", detail=f"could not be checked: {exc}")
+
+
+def _read_denied(name: str, target: GcpTarget, message: str, role: str) -> Check:
+    """A read doctor was refused (403): the permission Google's message names and the role that holds it."""
+    permission = denied_permission(message)
+    missing = f"missing permission {permission}; " if permission else ""
+    detail = f"doctor may not read this: {missing}grant {role} (Google: {message})"
+    return Check(name=name, status="fail", detail=detail, fix=grant_command(target.project, role, ME))
 
 
 # Checks ---------------------------------------------------------------------------------------------------------
@@ -151,14 +165,23 @@ def _granted(target: GcpTarget, permissions: list[str]) -> set[str]:
 
 def check_permissions(target: GcpTarget, profile: ServingProfile) -> Check:
     """The caller holds every permission of the deployer role table (``projects.testIamPermissions``)."""
-    name = "deployer permissions"
     wanted = required_permissions(building=profile.build is not None, hub_token=profile.hf_token_at_runtime)
+    return _held("deployer permissions", "the deployer roles", target, wanted)
+
+
+def check_doctor_permissions(target: GcpTarget) -> Check:
+    """The caller holds what doctor's own read-only checks call (the README's "doctor (read-only checks)" rows):
+    without them those checks cannot read, and this row names the roles to grant once for all of them."""
+    return _held("doctor permissions", "the doctor roles", target, doctor_permissions())
+
+
+def _held(name: str, what: str, target: GcpTarget, wanted: list[str]) -> Check:
     try:
         missing = sorted(set(wanted) - _granted(target, wanted))
     except gexc.GoogleAPICallError as exc:
         return _unreadable(name, target, exc, "roles/browser")
     if not missing:
-        return Check(name=name, status="ok", detail=f"all {len(wanted)} permissions of the deployer roles held.")
+        return Check(name=name, status="ok", detail=f"all {len(wanted)} permissions of {what} held.")
     roles: dict[str, list[str]] = {}
     for permission in missing:
         roles.setdefault(role_for(permission), []).append(permission)
@@ -255,6 +278,8 @@ def check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> Check:
         if disabled:
             return Check(name=name, status="fail", detail=f"{disabled} is not enabled, so this could not be checked.",
                          fix=enable_command([disabled], target.project))  # fmt: skip
+        if response.status_code == 403:
+            return _read_denied(name, target, message, "roles/serviceusage.serviceUsageViewer")
         return Check(name=name, status="warn", detail=f"could not read {metric}: {response.status_code} {message}")
     limit = _effective_limit(response.json(), target.region)
     console = f"https://console.cloud.google.com/iam-admin/quotas?project={target.project}&metric={quote(metric)}"
@@ -413,8 +438,8 @@ def check_bucket(target: GcpTarget) -> Check:
 
 def check_build_identity(target: GcpTarget, profile: ServingProfile) -> Check:
     """The dedicated build identity (tasks/build_identity.py) when the profile builds its image: the caller may act
-    as it, and it holds objectViewer + objectCreator on the bucket and artifactregistry.writer on the repository
-    (promote grants what is missing; this row says what it will grant)."""
+    as it, and it holds Storage Admin on the build bucket, artifactregistry.writer on the repository and nothing on
+    the model bucket (promote grants what is missing and removes the rest; this row says what it will change)."""
     name = "build identity"
     if profile.build is None:
         return Check(name=name, status="ok", detail="prebuilt image: no Cloud Build.")
@@ -424,12 +449,18 @@ def check_build_identity(target: GcpTarget, profile: ServingProfile) -> Check:
         return acting
     member = f"serviceAccount:{email}"
     missing: list[tuple[str, str]] = []  # (resource, role)
+    extra: list[tuple[str, str]] = []  # (resource, role): roles on the model bucket, which builds never touch
     try:
-        policy = clients.storage(target).bucket(target.bucket_name).get_iam_policy(requested_policy_version=3)
-        held = {b["role"] for b in policy.bindings if member in b.get("members", ())}
-        missing += [(f"gs://{target.bucket_name}", role) for role in BUCKET_ROLES if role not in held]
-    except gexc.NotFound:
-        pass  # no bucket yet: promote creates it and grants both roles
+        for bucket, wanted in ((target.build_bucket_name, BUILD_BUCKET_ROLE), (target.bucket_name, None)):
+            try:
+                policy = clients.storage(target).bucket(bucket).get_iam_policy(requested_policy_version=3)
+            except gexc.NotFound:
+                continue  # no bucket yet: promote creates it (and grants on the build bucket)
+            held = {b["role"] for b in policy.bindings if member in b.get("members", ())}
+            if wanted is not None and wanted not in held:
+                missing.append((f"gs://{bucket}", wanted))
+            if wanted is None:
+                extra += [(f"gs://{bucket}", role) for role in sorted(held)]
     except gexc.GoogleAPICallError as exc:
         return _unreadable(name, target, exc, "roles/storage.admin")
     try:
@@ -440,8 +471,9 @@ def check_build_identity(target: GcpTarget, profile: ServingProfile) -> Check:
         pass  # no repository yet: promote creates it and grants the role
     except gexc.GoogleAPICallError as exc:
         return _unreadable(name, target, exc, "roles/artifactregistry.admin")
-    if not missing:
-        return Check(name=name, status="ok", detail=f"{email} exists and holds its roles on the bucket and repository.")
+    if not missing and not extra:
+        return Check(name=name, status="ok", detail=f"{email} exists and holds its roles on the build bucket and "
+                     "repository, none on the model bucket.")  # fmt: skip
     fixes = [
         f"gcloud storage buckets add-iam-policy-binding {resource} --member={member} --role={role}"
         if resource.startswith("gs://")
@@ -449,6 +481,11 @@ def check_build_identity(target: GcpTarget, profile: ServingProfile) -> Check:
         f"--location {target.region} --project {target.project} --member={member} --role={role}"
         for resource, role in missing
     ]
-    shown = ", ".join(f"{role} on {resource}" for resource, role in missing)
-    return Check(name=name, status="warn", detail=f"{email} lacks {shown}; promote grants it before the build.",
-                 fix=" && ".join(fixes))  # fmt: skip
+    fixes += [
+        f"gcloud storage buckets remove-iam-policy-binding {resource} --member={member} --role={role}"
+        for resource, role in extra
+    ]
+    said = [f"lacks {', '.join(f'{role} on {resource}' for resource, role in missing)}"] if missing else []
+    said += [f"holds {', '.join(f'{role} on {resource}' for resource, role in extra)}"] if extra else []
+    return Check(name=name, status="warn", detail=f"{email} {' and '.join(said)}; promote grants and removes these "
+                 "before the build.", fix=" && ".join(fixes))  # fmt: skip

@@ -110,9 +110,10 @@ def build_plan(target: GcpTarget, build: ImageBuild, tag: str) -> BuildPlan:
     return BuildPlan(
         image=image_repo_uri(target, build),
         tag=tag,
-        source_bucket=target.bucket_name,
+        # The build bucket, not the model bucket: the build identity administers it (tasks/build_identity.py).
+        source_bucket=target.build_bucket_name,
         source_object=f"{SOURCES_PREFIX}/{build.image_name}/{tag}.tar.gz",
-        logs_bucket=f"gs://{target.bucket_name}/{LOGS_PREFIX}",
+        logs_bucket=f"gs://{target.build_bucket_name}/{LOGS_PREFIX}",
     )
 
 
@@ -144,8 +145,8 @@ def render_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs
         options=cloudbuild_v1.BuildOptions(
             machine_type=cloudbuild_v1.BuildOptions.MachineType[build.machine_type],
             disk_size_gb=build.disk_size_gb,
-            # A build with its own serviceAccount must say where logs go (else 400); ours go to our bucket only,
-            # which the build identity may write (tasks/build_identity.py): no Cloud Logging role needed.
+            # A build with its own serviceAccount must say where logs go (else 400); ours go to the build bucket
+            # only, which the build identity administers (tasks/build_identity.py): no Cloud Logging role needed.
             logging=cloudbuild_v1.BuildOptions.LoggingMode.GCS_ONLY,
         ),
         logs_bucket=plan.logs_bucket,

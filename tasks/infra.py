@@ -28,18 +28,30 @@ SCANNING_ON = artifactregistry_v1.Repository.VulnerabilityScanningConfig.Enablem
 # Bucket ------------------------------------------------------------------------------------------------------
 def ensure_bucket(target: GcpTarget) -> EnsureResult:
     """The model bucket: single region = the service's, uniform access, public access prevention, labels."""
+    return ensure_regional_bucket(target, target.bucket_name, "bucket", "model weights")
+
+
+def ensure_build_bucket(target: GcpTarget) -> EnsureResult:
+    """The build bucket (Cloud Build sources and logs), kept apart from the model bucket: the build identity
+    administers it (tasks/build_identity.py). Same region and settings as the model bucket."""
+    return ensure_regional_bucket(target, target.build_bucket_name, "build_bucket", "build sources and logs")
+
+
+def ensure_regional_bucket(target: GcpTarget, name: str, field: str, holds: str) -> EnsureResult:
+    """The bucket ``name`` (GcpTarget field ``field``; ``holds`` says what it stores, for errors): single region =
+    the service's, uniform access, public access prevention, labels. A found one is checked and repaired; a wrong
+    region or public members are an error."""
     storage = clients.storage(target)
-    name = target.bucket_name
     with gcp_errors("storage", "roles/storage.admin", f"bucket gs://{name}", target.project):
         try:
             bucket = storage.get_bucket(name)
         except gexc.NotFound:
-            return _create_bucket(storage, target)
-        return _check_bucket(bucket, target)
+            return _create_bucket(storage, target, name, field, holds)
+        return _check_bucket(bucket, target, field, holds)
 
 
-def _create_bucket(storage: gcs.Client, target: GcpTarget) -> EnsureResult:
-    bucket = storage.bucket(target.bucket_name)
+def _create_bucket(storage: gcs.Client, target: GcpTarget, name: str, field: str, holds: str) -> EnsureResult:
+    bucket = storage.bucket(name)
     bucket.iam_configuration.uniform_bucket_level_access_enabled = True
     bucket.iam_configuration.public_access_prevention = "enforced"
     bucket.labels = dict(target.labels)
@@ -47,29 +59,29 @@ def _create_bucket(storage: gcs.Client, target: GcpTarget) -> EnsureResult:
         storage.create_bucket(bucket, location=target.region)
     except gexc.Conflict:
         try:
-            return _check_bucket(storage.get_bucket(target.bucket_name), target)  # created by a concurrent run
+            return _check_bucket(storage.get_bucket(name), target, field, holds)  # created by a concurrent run
         except (gexc.Forbidden, gexc.NotFound):
             raise InfraError(
-                f"bucket name gs://{target.bucket_name} is taken by another project (bucket names are global); "
-                "set GcpTarget.bucket to another name"
+                f"bucket name gs://{name} is taken by another project (bucket names are global); "
+                f"set GcpTarget.{field} to another name"
             ) from None
-    return EnsureResult(kind="bucket", name=f"gs://{target.bucket_name}", action="created")
+    return EnsureResult(kind="bucket", name=f"gs://{name}", action="created")
 
 
-def _check_bucket(bucket: gcs.Bucket, target: GcpTarget) -> EnsureResult:
+def _check_bucket(bucket: gcs.Bucket, target: GcpTarget, field: str, holds: str) -> EnsureResult:
     name = f"gs://{bucket.name}"
     if (bucket.location or "").upper() != target.region.upper() or bucket.location_type != "region":
         raise InfraError(
             f"bucket {name} is in {bucket.location} ({bucket.location_type}), the service in {target.region}: "
-            "weights must sit in the service's own single region (lesson 18); set GcpTarget.bucket to a new "
+            f"{holds} must sit in the service's own single region (lesson 18); set GcpTarget.{field} to a new "
             "name and the pipeline creates it there"
         )
     policy = bucket.get_iam_policy(requested_policy_version=3)
     public = sorted({m for b in policy.bindings for m in b["members"]} & PUBLIC_MEMBERS)
     if public:
         raise InfraError(
-            f"bucket {name} is public ({', '.join(public)} in its IAM policy); model weights must not be: remove "
-            "those members, or point GcpTarget.bucket at a private bucket"
+            f"bucket {name} is public ({', '.join(public)} in its IAM policy); {holds} must not be: remove "
+            f"those members, or point GcpTarget.{field} at a private bucket"
         )
     changes = []
     if not bucket.iam_configuration.uniform_bucket_level_access_enabled:
@@ -271,13 +283,19 @@ def iam_call(target: GcpTarget, method: str, path: str, body: dict | None = None
     return with_retry(call)
 
 
-def ensure_service_account(target: GcpTarget) -> EnsureResult:
-    """A dedicated service account for the service (never the Compute default one, lesson 19)."""
-    email = target.service_account_email
-    path = f"projects/{target.project}/serviceAccounts/{email}"
+def service_account_path(project: str, email: str) -> str:
+    """The IAM resource name of a service account: ``projects/PROJECT/serviceAccounts/EMAIL``."""
+    return f"projects/{project}/serviceAccounts/{email}"
+
+
+def get_or_create_service_account(
+    target: GcpTarget, account_id: str, email: str, display_name: str, description: str
+) -> EnsureResult:
+    """The service account ``email`` in the target's project: found, else created as ``account_id`` (a concurrent
+    creation counts as found)."""
     with gcp_errors("iam", "roles/iam.serviceAccountAdmin", f"service account {email}", target.project):
         try:
-            iam_call(target, "GET", path)
+            iam_call(target, "GET", service_account_path(target.project, email))
             return EnsureResult(kind="service-account", name=email, action="found")
         except gexc.NotFound:
             pass
@@ -286,22 +304,36 @@ def ensure_service_account(target: GcpTarget) -> EnsureResult:
                 target,
                 "POST",
                 f"projects/{target.project}/serviceAccounts",
-                {
-                    "accountId": target.service_account_name,
-                    "serviceAccount": {
-                        "displayName": "vLLM serving (hf-cloudrun-pipeline)",
-                        "description": "Runs Cloud Run services that serve Hugging Face models with vLLM",
-                    },
-                },
+                {"accountId": account_id, "serviceAccount": {"displayName": display_name, "description": description}},
             )
         except gexc.Conflict:
             return EnsureResult(kind="service-account", name=email, action="found")
-        return EnsureResult(kind="service-account", name=email, action="created")
+    return EnsureResult(kind="service-account", name=email, action="created")
+
+
+def ensure_service_account(target: GcpTarget) -> EnsureResult:
+    """A dedicated service account for the service (never the Compute default one, lesson 19)."""
+    return get_or_create_service_account(
+        target,
+        target.service_account_name,
+        target.service_account_email,
+        display_name="vLLM serving (hf-cloudrun-pipeline)",
+        description="Runs Cloud Run services that serve Hugging Face models with vLLM",
+    )
 
 
 # Secret Manager ----------------------------------------------------------------------------------------------
 def secret_path(target: GcpTarget, secret_id: str | None = None) -> str:
     return f"projects/{target.project}/secrets/{secret_id or target.hf_token_secret}"
+
+
+def regional_replication(target: GcpTarget) -> secretmanager_v1.Replication:
+    """The token's payload kept in the service's region only. Automatic replication creates the secret in
+    ``global``, which organizations restricting ``gcp.resourceLocations`` refuse ("Constraint
+    constraints/gcp.resourceLocations violated ... attempting to create a secret in [global]", firebase-tools
+    issue 6454; terraform-dynamic-python-webapp PR 118 switched to user-managed replication for it)."""
+    replica = secretmanager_v1.Replication.UserManaged.Replica(location=target.region)
+    return secretmanager_v1.Replication(user_managed=secretmanager_v1.Replication.UserManaged(replicas=[replica]))
 
 
 def ensure_secret(target: GcpTarget, value: SecretStr, secret_id: str | None = None) -> EnsureResult:
@@ -318,8 +350,7 @@ def ensure_secret(target: GcpTarget, value: SecretStr, secret_id: str | None = N
                     parent=f"projects/{target.project}",
                     secret_id=name.rsplit("/", 1)[1],
                     secret=secretmanager_v1.Secret(
-                        replication=secretmanager_v1.Replication(automatic=secretmanager_v1.Replication.Automatic()),
-                        labels=dict(target.labels),
+                        replication=regional_replication(target), labels=dict(target.labels)
                     ),
                     retry=GCP_RETRY,
                 )

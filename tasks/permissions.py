@@ -1,10 +1,12 @@
 """The IAM roles the identity running the pipeline (the deployer) needs, as data: role -> the permissions of it we
 rely on and the step that uses each.
 
-The README's "Roles the deployer needs" table is generated from ``DEPLOYER_ROLES`` (``readme_table()``; a unit
-test keeps them equal), ``doctor`` checks the caller holds ``required_permissions()`` with ``testIamPermissions``,
-and a 403 anywhere in the product is explained with ``explain_denied()``: the missing permission parsed from
-Google's message and the predefined role to grant.
+The README's "Roles the deployer needs" table is generated from ``DEPLOYER_ROLES`` and ``DOCTOR_ROLES``
+(``readme_table()``; a unit test keeps them equal). ``doctor`` checks with ``testIamPermissions`` that the caller
+holds ``required_permissions()`` (what promote, scale, rollback and teardown call; its "deployer permissions" row)
+and ``doctor_permissions()`` (what doctor's own read-only checks call; its "doctor permissions" row). A 403
+anywhere in the product is explained with ``explain_denied()``: the missing permission parsed from Google's message
+and the predefined role to grant.
 
 Role contents are Google's predefined roles (IAM "roles and permissions" reference pages:
 https://cloud.google.com/iam/docs/roles-permissions/run, .../storage, .../compute, .../iam, .../secretmanager,
@@ -50,6 +52,7 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
             "run.services.create": "deploy: first revision of a new service",
             "run.services.update": "deploy a tagged candidate, move traffic, scale-service, rollback-model",
             "run.services.delete": "teardown; removing a first deploy that failed verification",
+            "run.services.list": "teardown --network: which services still hold the subnet's IPs",
             "run.services.getIamPolicy": "grant roles/run.invoker to GcpTarget.invokers",
             "run.services.setIamPolicy": "grant roles/run.invoker to GcpTarget.invokers",
             "run.revisions.get": "deploy: reuse or rename a revision, read why it failed",
@@ -84,19 +87,19 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
         "Storage Admin",
         "always",
         {
-            "storage.buckets.get": "ensure infrastructure: check the model bucket",
-            "storage.buckets.create": "ensure infrastructure: create the model bucket",
+            "storage.buckets.get": "ensure infrastructure: check the model and build buckets",
+            "storage.buckets.create": "ensure infrastructure: create the model and build buckets",
             "storage.buckets.update": "ensure infrastructure: uniform access, public access prevention, labels",
             "storage.buckets.getIamPolicy": "check the bucket is private; grant the serving account objectViewer",
-            "storage.buckets.setIamPolicy": "grant the serving account roles/storage.objectViewer on the bucket",
-            "storage.buckets.delete": "teardown --staged-weights",
+            "storage.buckets.setIamPolicy": "objectViewer for the serving account; the build identity's bucket role",
+            "storage.buckets.delete": "teardown --staged-weights, --build-bucket",
             "storage.objects.list": "stage weights: find what is already staged",
             "storage.objects.get": "stage weights: read the manifest; read build logs",
             "storage.objects.create": "stage weights; upload build source",
-            "storage.objects.delete": "stage weights: replace a bad object; teardown --staged-weights",
+            "storage.objects.delete": "stage weights: replace a bad object; teardown --staged-weights, --build-bucket",
         },
-        purpose="create and check the model bucket, set its IAM policy, stage weights, build sources and logs; "
-        "teardown --staged-weights",
+        purpose="create and check the model and build buckets, set their IAM policies, stage weights, build sources "
+        "and logs; teardown --staged-weights, --build-bucket",
     ),
     RoleNeed(
         "roles/compute.networkAdmin",
@@ -164,23 +167,31 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
     ),
 )
 
-# Permissions doctor's read-only checks use beyond the deployer's (predefined roles that hold them).
+DOCTOR = "doctor (read-only checks)"
+
+# Permissions doctor's read-only checks use beyond the deployer's (predefined roles that hold them). The methods
+# and the permission each requires, from their REST reference pages: Service Usage services.batchGet
+# (serviceusage.services.get) and v1beta1 services.consumerQuotaMetrics.get (serviceusage.quotas.get),
+# https://cloud.google.com/service-usage/docs/reference/rest/v1/services/batchGet and .../v1beta1/
+# services.consumerQuotaMetrics/get; Org Policy v2 projects.policies.getEffectivePolicy (orgpolicy.policy.get),
+# https://cloud.google.com/resource-manager/docs/reference/orgpolicy/rest/v2/projects.policies/getEffectivePolicy.
+# testIamPermissions (projects, service accounts) needs no permission.
 DOCTOR_ROLES: tuple[RoleNeed, ...] = (
     RoleNeed(
         "roles/serviceusage.serviceUsageViewer",
         "Service Usage Viewer",
-        "doctor",
+        DOCTOR,
         {
-            "serviceusage.services.list": "doctor: the APIs the pipeline needs are enabled",
-            "serviceusage.services.get": "doctor: the APIs the pipeline needs are enabled",
+            "serviceusage.services.get": "doctor: the APIs the pipeline calls are enabled (services.batchGet)",
+            "serviceusage.quotas.get": "doctor: the Cloud Run GPU quota covers max_instances",
         },
-        purpose="doctor: the APIs the pipeline calls are enabled",
+        purpose="doctor: the APIs the pipeline calls are enabled; the GPU quota",
     ),
     RoleNeed(
         "roles/orgpolicy.policyViewer",
         "Organization Policy Viewer",
-        "doctor",
-        {"orgpolicy.policy.get": "doctor: organisation policies that would block the deploy"},
+        DOCTOR,
+        {"orgpolicy.policy.get": "doctor: organisation policies that would refuse the deploy (getEffectivePolicy)"},
         purpose="doctor: organisation policies that would refuse the deploy",
     ),
 )
@@ -205,14 +216,21 @@ _OTHER_ROLES = {
 
 
 def required_permissions(building: bool = True, hub_token: bool = True) -> list[str]:
-    """Every project-level permission the deployer needs (all of them by default; narrower when the
-    targets never build an image or never store the Hub token). Sorted, without repeats."""
+    """Every project-level permission the deployer's flows (promote, scale, rollback, teardown) need: the
+    ``DEPLOYER_ROLES`` rows, all of them by default, narrower when the targets never build an image or never store
+    the Hub token. Doctor's own read permissions are not included (``doctor_permissions()``). Sorted, no repeats."""
     wanted = set()
     for need in DEPLOYER_ROLES:
         if (not building and "builds its image" in need.when) or (not hub_token and "hf_token_at_runtime" in need.when):
             continue
         wanted |= set(need.permissions)
     return sorted(wanted)
+
+
+def doctor_permissions() -> list[str]:
+    """The permissions doctor's read-only checks need beyond ``required_permissions()`` (the ``DOCTOR_ROLES`` rows).
+    Sorted, without repeats."""
+    return sorted({p for need in DOCTOR_ROLES for p in need.permissions})
 
 
 def _index() -> dict[str, str]:
@@ -310,9 +328,10 @@ def explain_permission(permission: str, project: str, member: str | None = None)
 
 
 def readme_table() -> str:
-    """The README's "Roles the deployer needs" table (markdown), generated from ``DEPLOYER_ROLES``."""
+    """The README's "Roles the deployer needs" table (markdown), generated from ``DEPLOYER_ROLES`` and, last, the
+    ``DOCTOR_ROLES`` (Needed: "doctor (read-only checks)")."""
     rows = ["| Role | Needed | For | Permissions we use |", "|---|---|---|---|"]
-    for need in DEPLOYER_ROLES:
+    for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES):
         permissions = ", ".join(f"`{p}`" for p in need.permissions)
         rows.append(f"| `{need.role}` ({need.title}) | {need.when} | {need.purpose} | {permissions} |")
     return "\n".join(rows) + "\n"

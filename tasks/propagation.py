@@ -5,7 +5,9 @@ Service accounts are eventually consistent: for a minute or so after its creatio
 secret, repository or service policy naming it answers 400 "Service account X does not exist."
 (GoogleCloudPlatform/data-migration-tool issue 58), and a Cloud Run deploy running as it answers 403
 "Permission 'iam.serviceaccounts.actAs' denied on service account X (or it may not exist)."
-(terraform-provider-google issue 16350: the first apply fails, the second succeeds). Terraform sleeps a fixed
+(terraform-provider-google issue 16350: the first apply fails, the second succeeds); a build run as it answers 403
+"caller does not have permission to act as service account X" (GoogleCloudPlatform/cloud-run-mcp PR 91: createBuild
+PERMISSION_DENIED in a new project until IAM caught up). Terraform sleeps a fixed
 10 s after creating one (magic-modules PR 10813) and still sees these errors; here the step that names the
 account retries exactly that error, with exponential backoff and a deadline, and says why it waits.
 """
@@ -35,12 +37,16 @@ DEADLINE_S = 120.0
 def is_not_visible_yet(exc: BaseException, email: str) -> bool:
     """Whether ``exc`` is an API's answer for a service account IAM has not propagated to it yet."""
     message = getattr(exc, "message", None) or str(exc)
+    if isinstance(exc, gexc.Forbidden) and "permission to act as service account" in message:
+        # Cloud Build's words; it may name the account by its numeric unique id rather than its email
+        # (kohei321dev/spot-diggz issue 164), so the email is not required here.
+        return True
     if email not in message:
         return False
     if isinstance(exc, gexc.BadRequest):  # setIamPolicy on buckets, secrets, repositories, services, projects
         return f"Service account {email} does not exist" in message
-    if isinstance(exc, gexc.Forbidden):  # Cloud Run deploys: the actAs check cannot see the account either
-        return "iam.serviceaccounts.actAs" in message and "may not exist" in message
+    if isinstance(exc, gexc.Forbidden):  # deploys and builds: their actAs check cannot see the account either
+        return "iam.serviceaccounts.actAs" in message and "may not exist" in message  # Cloud Run's words
     return False
 
 
@@ -76,7 +82,7 @@ def when_visible(call: Callable[[], T], email: str, seen_by: str, deadline_s: fl
     except gexc.RetryError as exc:
         raise InfraError(
             f"service account {email} is still not visible to {seen_by} after {deadline_s:.0f} s: IAM has not "
-            f"propagated it yet (run again in a few minutes), or, for a deploy, the identity running this flow "
-            f"lacks iam.serviceAccounts.actAs on it (grant roles/iam.serviceAccountUser on {email}); last error: "
-            f"{exc.cause}"
+            f"propagated it yet (run again in a few minutes), or, for a deploy or a build, the identity running this "
+            f"flow lacks iam.serviceAccounts.actAs on it (grant roles/iam.serviceAccountUser on {email}); last "
+            f"error: {exc.cause}"
         ) from None

@@ -52,7 +52,7 @@ def holder_of(exc: gexc.GoogleAPICallError) -> str | None:
 
 
 def services_using_subnet(target: GcpTarget) -> list[str]:
-    """Cloud Run services in the target's region whose Direct VPC egress (any revision template) uses its subnet."""
+    """Cloud Run services in the target's region whose Direct VPC egress (current template) uses its subnet."""
     users = []
     for service in clients.run_services(target).list_services(parent=target.location_path, retry=GCP_RETRY):
         for interface in service.template.vpc_access.network_interfaces:

@@ -15,7 +15,7 @@ from prefect import task
 from blocks.target import GcpTarget
 from tasks import clients
 from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for
-from tasks.infra import iam_call, secret_path, wait_global_operation, wait_region_operation
+from tasks.infra import iam_call, secret_path, service_account_path, wait_global_operation, wait_region_operation
 from tasks.subnet_hold import holder_of, subnet_hold
 
 
@@ -67,11 +67,12 @@ def delete_network(target: GcpTarget) -> EnsureResult:
     return EnsureResult(kind="network", name=name, action="deleted")
 
 
-def delete_service_account(target: GcpTarget) -> EnsureResult:
-    email = target.service_account_email
+def delete_service_account(target: GcpTarget, email: str | None = None) -> EnsureResult:
+    """The service account ``email`` (the serving account by default); its bindings go with it."""
+    email = email or target.service_account_email
     with gcp_errors("iam", "roles/iam.serviceAccountAdmin", f"deleting {email}", target.project):
         try:
-            iam_call(target, "DELETE", f"projects/{target.project}/serviceAccounts/{email}")
+            iam_call(target, "DELETE", service_account_path(target.project, email))
         except gexc.NotFound:
             return EnsureResult(kind="service-account", name=email, action="absent")
     return EnsureResult(kind="service-account", name=email, action="deleted")
@@ -88,13 +89,15 @@ def delete_secret(target: GcpTarget, secret_id: str | None = None) -> EnsureResu
     return EnsureResult(kind="secret", name=name, action="deleted")
 
 
-def delete_bucket(target: GcpTarget) -> EnsureResult:
-    """The model bucket and every staged object in it. Only when the teardown is asked to drop weights."""
-    name = f"gs://{target.bucket_name}"
+def delete_bucket(target: GcpTarget, bucket_name: str | None = None) -> EnsureResult:
+    """A bucket and every object in it: the model bucket with its staged weights (the default; only when the
+    teardown is asked to drop weights), or the build bucket with its build sources and logs."""
+    bucket_name = bucket_name or target.bucket_name
+    name = f"gs://{bucket_name}"
     storage = clients.storage(target)
     with gcp_errors("storage", "roles/storage.admin", f"deleting {name}", target.project):
         try:
-            bucket = storage.get_bucket(target.bucket_name)
+            bucket = storage.get_bucket(bucket_name)
         except gexc.NotFound:
             return EnsureResult(kind="bucket", name=name, action="absent")
         blobs = list(storage.list_blobs(bucket))
@@ -114,3 +117,9 @@ compute_delete_network = task(name="compute_delete_network")(delete_network)
 iam_delete_service_account = task(name="iam_delete_service_account")(delete_service_account)
 secretmanager_delete_secret = task(name="secretmanager_delete_secret")(delete_secret)
 gcs_delete_bucket = task(name="gcs_delete_bucket")(delete_bucket)
+
+
+@task(name="gcs_delete_build_bucket")
+def gcs_delete_build_bucket(target: GcpTarget) -> EnsureResult:
+    """The build bucket with its build sources and logs (teardown ``build_bucket``); images stay in the registry."""
+    return delete_bucket(target, target.build_bucket_name)

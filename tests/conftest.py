@@ -19,6 +19,7 @@ import pytest
 
 from sandbox.handle import SandboxHandle
 from sandbox.metadata import point_google_auth_at
+from tests.support.sandbox_config import config_setter
 
 # Before google-auth's metadata module is imported (it reads GCE_METADATA_HOST once; nothing above imports it):
 # ID tokens come from the session sandbox's metadata server, as they would from a Cloud Run worker's.
@@ -54,22 +55,16 @@ def sb(sandbox: SandboxHandle) -> Iterator[SandboxHandle]:
 def ip_hold(sandbox: SandboxHandle) -> Iterator[Callable[[float], dict]]:
     """A setter for how long Cloud Run keeps a deleted service's Direct VPC egress IPs (simulated seconds, the
     sandbox's ``serverless_ip_hold_seconds``); the session's value is restored after the test."""
-    before = sandbox.configure()["serverless_ip_hold_seconds"]
-    try:
-        yield lambda seconds: sandbox.configure(serverless_ip_hold_seconds=seconds)
-    finally:
-        sandbox.configure(serverless_ip_hold_seconds=before)
+    with config_setter(sandbox, "serverless_ip_hold_seconds") as set_hold:
+        yield set_hold
 
 
 @pytest.fixture
 def iam_propagation(sandbox: SandboxHandle) -> Iterator[Callable[[float], dict]]:
     """A setter for how long a new service account stays unknown to other APIs (simulated seconds, the
     sandbox's ``iam_propagation_seconds``); the session's value is restored after the test."""
-    before = sandbox.configure()["iam_propagation_seconds"]
-    try:
-        yield lambda seconds: sandbox.configure(iam_propagation_seconds=seconds)
-    finally:
-        sandbox.configure(iam_propagation_seconds=before)
+    with config_setter(sandbox, "iam_propagation_seconds") as set_propagation:
+        yield set_propagation
 
 
 @pytest.fixture

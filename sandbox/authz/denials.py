@@ -16,7 +16,8 @@
   'iam.serviceAccounts.getAccessToken' denied on resource (or it may not exist).", google-github-actions/auth
   issue 426).
 - Cloud Build: "The caller does not have permission" (cortex-data-foundation issue 10); a build run as a
-  user-specified account the caller may not use: "caller does not have permission to act as service account ...".
+  user-specified account the caller may not use: "caller does not have permission to act as service account
+  109095503163182759798" (the account's unique id; kohei321dev/spot-diggz issue 164).
 - Compute Engine: "Required 'compute.networks.get' permission for 'projects/p/global/networks/n'" with
   ``errors: [{reason: "forbidden"}]`` (alexandarp/terraform-gke issue 2).
 - Cloud Storage: "EMAIL does not have storage.buckets.get access to the Google Cloud Storage bucket. Permission

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sandbox.discovery import MethodMatch
+from sandbox.identity import unique_id
 
 ACT_AS = "iam.serviceAccounts.actAs"
 
@@ -49,9 +50,15 @@ OVERRIDES: dict[str, str | None] = {
     "storage.objects.compose": "storage.objects.create",
     "storage.objects.copy": "storage.objects.create",
     "storage.objects.rewrite": "storage.objects.create",
+    # The v2 REST page names "orgpolicy.policies.get", a permission the Org Policy roles reference does not list
+    # (https://cloud.google.com/iam/docs/roles-permissions/orgpolicy: orgpolicy.policy.get, held by policyViewer).
     "orgpolicy.projects.policies.get": "orgpolicy.policy.get",
     "orgpolicy.projects.policies.getEffectivePolicy": "orgpolicy.policy.get",
     "serviceusage.services.batchGet": "serviceusage.services.get",
+    # v1beta1 quota reads: "Authorization requires ... serviceusage.quotas.get" (REST reference,
+    # https://cloud.google.com/service-usage/docs/reference/rest/v1beta1/services.consumerQuotaMetrics/get).
+    "serviceusage.services.consumerQuotaMetrics.get": "serviceusage.quotas.get",
+    "serviceusage.services.consumerQuotaMetrics.list": "serviceusage.quotas.get",
     "serviceusage.services.batchEnable": "serviceusage.services.enable",
     "iam.projects.serviceAccounts.patch": "iam.serviceAccounts.update",
 }
@@ -151,5 +158,7 @@ def extra_checks(match: MethodMatch, body: dict, project: str, project_number: s
         if not account:
             return []  # the default build identity: the caller needs no actAs on it
         email = str(account).rsplit("/", 1)[-1]
-        return [Check(ACT_AS, f"projects/{project}/serviceAccounts/{email}", subject=str(account))]
+        # Cloud Build names the account by its numeric unique id: "caller does not have permission to act as service
+        # account 109095503163182759798" (kohei321dev/spot-diggz issue 164, `gcloud builds submit`).
+        return [Check(ACT_AS, f"projects/{project}/serviceAccounts/{email}", subject=unique_id(email))]
     return []

@@ -13,6 +13,7 @@ import json
 from urllib.parse import parse_qsl
 
 from sandbox import authz, discovery
+from sandbox.asgi import buffer_body, send_response
 from sandbox.authz.denials import denial
 from sandbox.authz.methods import READS_BODY, Check, extra_checks, permission_for, resource_for
 
@@ -46,7 +47,7 @@ class AuthzMiddleware:
             return
         body: dict = {}
         if match.id in READS_BODY:
-            raw, receive = await _buffer(receive)
+            raw, receive = await buffer_body(receive)
             try:
                 parsed = json.loads(raw) if raw.strip() else {}
                 body = parsed if isinstance(parsed, dict) else {}
@@ -63,7 +64,8 @@ class AuthzMiddleware:
         principal = authz.caller(self.ctx)
         for check in checks:
             if not authz.has_permission(self.ctx, principal, check.permission, check.resource):
-                await _send_json(send, 403, denial(match.method.api.split(".")[0], check, principal))
+                answer = json.dumps(denial(match.method.api.split(".")[0], check, principal)).encode()
+                await send_response(send, 403, answer, b"application/json; charset=UTF-8")
                 return
         await self.app(scope, receive, send)
 
@@ -73,33 +75,3 @@ def _own_project(ctx, resource: str) -> bool:
     if len(parts) < 2 or parts[0] != "projects":
         return True  # no project in the name (e.g. a logging scope): the sandbox's own
     return authz.is_own_project(ctx, parts[1])
-
-
-async def _buffer(receive):
-    """Read the whole request body and return it with a ``receive`` that replays it to the app."""
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            break
-    raw = b"".join(chunks)
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        return await receive()
-
-    return raw, replay
-
-
-async def _send_json(send, status: int, body: dict) -> None:
-    payload = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json; charset=UTF-8"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})

@@ -18,6 +18,36 @@ import fnmatch
 import functools
 
 _PROJECT_READ = ("resourcemanager.projects.get", "resourcemanager.projects.list")
+# artifactregistry.reader; artifactregistry.writer holds all of it, plus uploads and tag changes.
+_ARTIFACT_READ = (
+    "artifactregistry.repositories.get",
+    "artifactregistry.repositories.list",
+    "artifactregistry.repositories.downloadArtifacts",
+    "artifactregistry.repositories.readViaVirtualRepository",
+    "artifactregistry.dockerimages.get",
+    "artifactregistry.dockerimages.list",
+    "artifactregistry.files.get",
+    "artifactregistry.files.list",
+    "artifactregistry.packages.get",
+    "artifactregistry.packages.list",
+    "artifactregistry.tags.get",
+    "artifactregistry.tags.list",
+    "artifactregistry.versions.get",
+    "artifactregistry.versions.list",
+    "artifactregistry.locations.*",
+    *_PROJECT_READ,
+)
+# What compute.networkAdmin and compute.networkViewer both hold besides networks and subnetworks.
+_NETWORK_CONTEXT = (
+    "compute.globalOperations.get",
+    "compute.globalOperations.list",
+    "compute.regionOperations.get",
+    "compute.regionOperations.list",
+    "compute.projects.get",
+    "compute.regions.*",
+    "compute.zones.*",
+    *_PROJECT_READ,
+)
 
 ROLES: dict[str, tuple[str, ...]] = {
     # Basic roles ----------------------------------------------------------------------------------------------
@@ -106,44 +136,12 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_PROJECT_READ,
     ),
     "roles/artifactregistry.writer": (
-        "artifactregistry.repositories.get",
-        "artifactregistry.repositories.list",
+        *_ARTIFACT_READ,
         "artifactregistry.repositories.uploadArtifacts",
-        "artifactregistry.repositories.downloadArtifacts",
-        "artifactregistry.repositories.readViaVirtualRepository",
-        "artifactregistry.dockerimages.get",
-        "artifactregistry.dockerimages.list",
-        "artifactregistry.files.get",
-        "artifactregistry.files.list",
-        "artifactregistry.packages.get",
-        "artifactregistry.packages.list",
         "artifactregistry.tags.create",
-        "artifactregistry.tags.get",
-        "artifactregistry.tags.list",
         "artifactregistry.tags.update",
-        "artifactregistry.versions.get",
-        "artifactregistry.versions.list",
-        "artifactregistry.locations.*",
-        *_PROJECT_READ,
     ),
-    "roles/artifactregistry.reader": (
-        "artifactregistry.repositories.get",
-        "artifactregistry.repositories.list",
-        "artifactregistry.repositories.downloadArtifacts",
-        "artifactregistry.repositories.readViaVirtualRepository",
-        "artifactregistry.dockerimages.get",
-        "artifactregistry.dockerimages.list",
-        "artifactregistry.files.get",
-        "artifactregistry.files.list",
-        "artifactregistry.packages.get",
-        "artifactregistry.packages.list",
-        "artifactregistry.tags.get",
-        "artifactregistry.tags.list",
-        "artifactregistry.versions.get",
-        "artifactregistry.versions.list",
-        "artifactregistry.locations.*",
-        *_PROJECT_READ,
-    ),
+    "roles/artifactregistry.reader": _ARTIFACT_READ,
     # Cloud Build ----------------------------------------------------------------------------------------------
     "roles/cloudbuild.builds.editor": (
         "cloudbuild.builds.create",
@@ -182,14 +180,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "roles/compute.networkAdmin": (
         "compute.networks.*",
         "compute.subnetworks.*",
-        "compute.globalOperations.get",
-        "compute.globalOperations.list",
-        "compute.regionOperations.get",
-        "compute.regionOperations.list",
-        "compute.projects.get",
-        "compute.regions.*",
-        "compute.zones.*",
-        *_PROJECT_READ,
+        *_NETWORK_CONTEXT,
     ),
     "roles/compute.networkViewer": (
         "compute.networks.get",
@@ -197,14 +188,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "compute.networks.getEffectiveFirewalls",
         "compute.subnetworks.get",
         "compute.subnetworks.list",
-        "compute.globalOperations.get",
-        "compute.globalOperations.list",
-        "compute.regionOperations.get",
-        "compute.regionOperations.list",
-        "compute.projects.get",
-        "compute.regions.*",
-        "compute.zones.*",
-        *_PROJECT_READ,
+        *_NETWORK_CONTEXT,
     ),
     "roles/compute.networkUser": (
         "compute.networks.get",

@@ -23,6 +23,7 @@ from typing import Any
 from starlette.routing import BaseRoute, Match, Mount, Route
 
 from sandbox import discovery
+from sandbox.asgi import buffer_body, send_response
 from sandbox.conformance.errors import bad_request_body, not_found_page
 from sandbox.conformance.request import body_problems, query_problems
 from sandbox.conformance.schema import walker
@@ -92,7 +93,9 @@ class ConformanceMiddleware:
         self, app: Any, log: ConformanceLog, apis: tuple[str, ...] | None = None, check_requests: bool = True
     ) -> None:
         """``apis`` fixes the APIs the app serves (one host, one API: the GCS front); ``check_requests=False``
-        only checks responses (the GCS front, whose requests fake-gcs-server judges on its own)."""
+        refuses nothing (the GCS front: no public source shows Cloud Storage refusing an unknown field, so the
+        sandbox does not either) but still records every JSON request that breaks the schema as a violation, so
+        the test session proves our clients send only what storage.v1 publishes."""
         self.app = app
         self.log = log
         self.apis = apis
@@ -135,6 +138,8 @@ class ConformanceMiddleware:
             if matched is None or b"alt=media" in scope.get("query_string", b""):
                 await self.app(scope, receive, send)  # a media download answers bytes, not a resource
                 return
+            body, receive = await buffer_body(receive)
+            self._record_request(scope, matched, body)
             await self.app(scope, receive, self._checking_send(send, scope, matched))
             return
         routed, apis = (True, self.apis) if self.apis else self._route_apis(scope)
@@ -148,19 +153,34 @@ class ConformanceMiddleware:
                 # Google serves this method; the sandbox does not implement it. Say so instead of pretending the
                 # URL does not exist (501 UNIMPLEMENTED is the status Google uses for a method it does not serve).
                 message = f"The sandbox does not implement {published.id} ({scope['method']} {path})."
-                await _answer(send, 501, google_error_body(501, message), b"application/json")
+                await send_response(send, 501, google_error_body(501, message), b"application/json")
                 return
-            await _answer(send, 404, not_found_page(path), b"text/html; charset=UTF-8")
+            await send_response(send, 404, not_found_page(path), b"text/html; charset=UTF-8")
             return
         method = matched.method
-        body = await _read_body(receive)
+        body, replay = await buffer_body(receive)
         query = query_problems(method, scope.get("query_string", b"").decode("latin-1"))
         problems, parse_error = body_problems(method, body)
         if query or problems or parse_error:
             messages = [*query, *([parse_error] if parse_error else [])]
-            await _answer(send, 400, bad_request_body(method.api, problems, messages), b"application/json")
+            await send_response(send, 400, bad_request_body(method.api, problems, messages), b"application/json")
             return
-        await self.app(scope, _replay(body, receive), self._checking_send(send, scope, matched))
+        await self.app(scope, replay, self._checking_send(send, scope, matched))
+
+    def _record_request(self, scope: dict, matched: discovery.MethodMatch, body: bytes) -> None:
+        """Record, without refusing, what a request sends beyond the method's published parameters and schema."""
+        query = scope.get("query_string", b"").decode("latin-1")
+        if "upload_id=" in query:
+            return  # a resumable session's chunk: its URL is the session URI the front handed out, not an API call
+        headers = dict(scope.get("headers", []))
+        is_json = headers.get(b"content-type", b"").startswith(b"application/json")
+        problems, parse_error = body_problems(matched.method, body) if is_json else ([], None)
+        messages = [*query_problems(matched.method, query), *(p.message for p in problems)]
+        if parse_error:
+            messages.append(parse_error)
+        if messages:
+            where = {"method": matched.method.id, "http": f"{scope['method']} {scope['path']} (request)"}
+            self.log.record({**where, "problems": messages})
 
     def _checking_send(self, send, scope: dict, matched: discovery.MethodMatch):
         status = 0
@@ -195,34 +215,3 @@ class ConformanceMiddleware:
         problems = walker(method.api, "response").check(schema, value)
         if problems:
             self.log.record({**where, "problems": [p.message for p in problems]})
-
-
-async def _read_body(receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive):
-    sent = False
-
-    async def wrapped():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return wrapped
-
-
-async def _answer(send, status: int, body: bytes, content_type: bytes) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -45,17 +45,27 @@ class GoogleApiError(Exception):
     (e.g. "alreadyExists", "resourceInUseByAnotherResource").
     """
 
-    def __init__(self, code: int, message: str, status: str | None = None, reason: str | None = None) -> None:
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        status: str | None = None,
+        reason: str | None = None,
+        details: list[dict] | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status or STATUS_NAMES.get(code, "UNKNOWN")
         self.reason = reason
+        self.details = details  # google.rpc detail messages, each with its "@type"
 
     def body(self) -> dict:
         error: dict = {"code": self.code, "message": self.message, "status": self.status}
         if self.reason:
             error["errors"] = [{"message": self.message, "domain": "global", "reason": self.reason}]
+        if self.details:
+            error["details"] = self.details
         return {"error": error}
 
 

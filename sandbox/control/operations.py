@@ -2,8 +2,8 @@
 
 Artifact Registry (and Cloud Build's regional builds) name operations
 ``projects/{p}/locations/{l}/operations/{id}`` and poll them with ``GET /v1/{name}``. API modules create an
-operation, return its JSON, and finish or fail it later; this module serves the google.longrunning REST
-surface (get, list, wait, cancel, delete) for all of them.
+operation, return its JSON, and finish or fail it later; this module serves the operation methods those APIs
+publish over REST, get and cancel (their discovery documents have no wait, list or delete), for all of them.
 
 The JSON must parse with google-api-core's strict rules (FACTS.md): the operations client parses with
 ``ignore_unknown_fields=False``, ``response``/``metadata`` carry ``@type`` and only fields of that type, and
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,13 +34,12 @@ from sandbox.control.errors import GRPC_CODES, GoogleApiError, invalid_argument,
 CANCELLED = 1  # google.rpc.Code.CANCELLED; not in GRPC_CODES because no HTTP error maps to it
 UNKNOWN = 2
 DEFAULT_PAGE_SIZE = 100
-MAX_WAIT_S = 600.0
 
 
 @dataclass
 class _Entry:
     op: operations_pb2.Operation
-    # Set once the operation is done, so ``:wait`` and ``wait()`` need no polling loop.
+    # Set once the operation is done, so ``wait()`` needs no polling loop.
     done: asyncio.Event = field(default_factory=asyncio.Event)
     on_cancel: Callable[[str], None] | None = None
     timer: asyncio.TimerHandle | None = None
@@ -182,14 +180,11 @@ class Operations:
     # HTTP -------------------------------------------------------------------------------------------------
     def routes(self) -> list[BaseRoute]:
         base = "/v1/projects/{project}/locations/{location}/operations"
-        # ":wait" / ":cancel" end the last path segment (Google custom methods), so they are routed before
-        # the plain name, which would otherwise swallow them.
+        # ":cancel" ends the last path segment (a Google custom method), so it is routed before the plain name,
+        # which would otherwise swallow it.
         return [
-            Route(base, self.http_list, methods=["GET"]),
-            Route(base + "/{operation}:wait", self.http_wait, methods=["POST"]),
             Route(base + "/{operation}:cancel", self.http_cancel, methods=["POST"]),
             Route(base + "/{operation}", self.http_get, methods=["GET"]),
-            Route(base + "/{operation}", self.http_delete, methods=["DELETE"]),
         ]
 
     def admin_routes(self) -> list[BaseRoute]:
@@ -218,42 +213,9 @@ class Operations:
     async def http_get(self, request: Request) -> JSONResponse:
         return self.response(self._entry(request).op)
 
-    async def http_wait(self, request: Request) -> JSONResponse:
-        entry = self._entry(request)
-        raw = await request.body()
-        try:
-            body = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            raise invalid_argument("Invalid JSON payload received.") from None
-        timeout = _duration_s(body.get("timeout", f"{MAX_WAIT_S}s"))
-        op = await self.wait(entry.op.name, min(timeout, MAX_WAIT_S))
-        assert op is not None
-        return self.response(op)
-
     async def http_cancel(self, request: Request) -> JSONResponse:
         self.cancel(self._entry(request).op.name)
         return JSONResponse({})
-
-    async def http_delete(self, request: Request) -> JSONResponse:
-        entry = self._entry(request)
-        if entry.timer is not None:
-            entry.timer.cancel()
-        del self._ops[entry.op.name]
-        return JSONResponse({})
-
-    async def http_list(self, request: Request) -> JSONResponse:
-        parent = self._parent(request)
-        wanted_done = _done_filter(request.query_params.get("filter", ""))
-        found = [
-            e.op
-            for name, e in self._ops.items()
-            if name.startswith(parent + "/operations/") and (wanted_done is None or e.op.done == wanted_done)
-        ]
-        page, token = paginate(found, request)
-        body: dict = {"operations": [operation_json(op) for op in page]} if page else {}
-        if token:
-            body["nextPageToken"] = token
-        return JSONResponse(body)
 
     async def admin_state(self, _: Request) -> JSONResponse:
         return JSONResponse([operation_json(e.op) for e in self._ops.values()])
@@ -274,23 +236,3 @@ def paginate(items: list, request: Request, default_size: int = DEFAULT_PAGE_SIZ
     size = min(size or default_size, 1000)
     end = start + size
     return items[start:end], (str(end) if end < len(items) else "")
-
-
-def _duration_s(value: object) -> float:
-    text = str(value).strip()
-    try:
-        return float(text[:-1] if text.endswith("s") else text)
-    except ValueError:
-        raise invalid_argument(f"Invalid value for timeout: {text!r}") from None
-
-
-def _done_filter(text: str) -> bool | None:
-    """The ``done = true|false`` filter; anything else is refused rather than silently ignored."""
-    compact = text.replace(" ", "").lower()
-    if not compact:
-        return None
-    if compact in ("done=true", "done:true"):
-        return True
-    if compact in ("done=false", "done:false"):
-        return False
-    raise invalid_argument(f"sandbox: unsupported operations filter {text!r} (only 'done=true|false')")

@@ -251,7 +251,7 @@ def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, ser
         **flow_env.model_dump(), "network": f"e2e-td-net-{n}", "subnet": f"e2e-td-subnet-{n}",
         "service_account_name": f"e2e-td-sa-{n}", "build_service_account_name": f"e2e-td-build-{n}",
         "hf_token_secret": f"e2e-td-token-{n}",
-        "bucket": f"e2e-td-weights-{n}",
+        "bucket": f"e2e-td-weights-{n}", "build_bucket": f"e2e-td-builds-{n}",
     })  # fmt: skip
     gcp.save(target, overwrite=True)
     profile = f"e2e-td-runtime-token-{n}"  # the token in Secret Manager: the teardown has a secret to delete
@@ -267,15 +267,17 @@ def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, ser
     traffic = [(s.revision, s.percent) for s in run_service(gcp, service).traffic_statuses if s.percent]
     assert traffic == [(first.serving_revision, 100)]
 
-    everything = {"network": True, "service_account": True, "secret": True, "staged_weights": True}
+    everything = dict.fromkeys(("network", "service_account", "secret", "staged_weights", "build_bucket"), True)
     ip_hold(0)  # as if Cloud Run had released the subnet's IPs (test_teardown_network_hold.py covers the hold)
     results = teardown(service=service, target=target, **everything)
-    # The second service account is the build identity: absent, as a prebuilt image needed no build.
+    # The second service account and the last bucket are the build identity and the build bucket: absent, as a
+    # prebuilt image needed no build (neither is created then).
     assert [(r.kind, r.action) for r in results] == [
         ("service", "deleted"), ("subnet", "deleted"), ("network", "deleted"), ("service-account", "deleted"),
-        ("service-account", "absent"), ("secret", "deleted"), ("bucket", "deleted"),
+        ("service-account", "absent"), ("secret", "deleted"), ("bucket", "deleted"), ("bucket", "absent"),
     ]  # fmt: skip
-    staged = results[-1].changes
+    assert results[-1].name == f"gs://{gcp.build_bucket_name}"
+    staged = results[-2].changes
     assert len(staged) == 1 and int(staged[0].split()[0]) > 0, staged  # "N objects deleted": the three commits'
     with pytest.raises(gexc.NotFound):
         run_service(gcp, service)
@@ -293,5 +295,5 @@ def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, ser
     again = teardown(service=service, target=target, **everything)  # idempotent: all already gone
     assert [(r.kind, r.action) for r in again] == [
         ("service", "absent"), ("subnet", "absent"), ("network", "absent"), ("service-account", "absent"),
-        ("service-account", "absent"), ("secret", "absent"), ("bucket", "absent"),
+        ("service-account", "absent"), ("secret", "absent"), ("bucket", "absent"), ("bucket", "absent"),
     ]  # fmt: skip

@@ -4,6 +4,8 @@ of them the flow stops with the missing permission and the role to grant.
 The caller's roles live in the sandbox project's IAM policy (sandbox/authz); every API call is checked against
 them as Google checks it. One service is promoted with a Cloud Build image and the Hub token in Secret Manager
 (so every conditional role is needed); the removal runs reuse it and fail at the first step that needs the role.
+Before that promote, doctor runs under the same roles (the table's "doctor (read-only checks)" rows included) and
+must find nothing failed: the README's roles are enough to run doctor too.
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ from pathlib import Path
 import pytest
 
 from blocks import GcpTarget, ServingProfile
+from flows.doctor import doctor
 from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.teardown import teardown
 from sandbox.handle import SandboxHandle
-from tasks.permissions import DEPLOYER_ROLES
+from tasks.doctor import Check, DoctorFailed
+from tasks.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
 from tasks.probe import VerifyOptions
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
-README_ROLES = [need.role for need in DEPLOYER_ROLES]
+README_ROLES = [need.role for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES)]  # the README table, row by row
 _ids = itertools.count()
 
 
@@ -60,15 +64,39 @@ def readme_roles(sandbox: SandboxHandle, flow_env) -> Iterator[SandboxHandle]:
 
 
 @pytest.fixture(scope="module")
-def promoted(readme_roles: SandboxHandle, build_source: Path) -> tuple[str, str]:
-    """A service promoted twice (main, then dev) with only the README's roles: (service, profile)."""
+def doctored(readme_roles: SandboxHandle, build_source: Path) -> tuple[str, str, list[Check]]:
+    """doctor's rows for the service and profile about to be promoted, before anything is created for them:
+    (service, profile, rows)."""
     service = f"roles-{next(_ids)}"
     profile = save_profile(f"{service}-profile", build_source, service)
+    try:
+        rows = doctor(target="sandbox", profile=profile, service=service)
+    except DoctorFailed as failed:
+        rows = failed.checks  # the failed rows, for the test's message
+    return service, profile, rows
+
+
+@pytest.fixture(scope="module")
+def promoted(doctored: tuple[str, str, list[Check]]) -> tuple[str, str]:
+    """A service promoted twice (main, then dev) with only the README's roles, after doctor: (service, profile)."""
+    service, profile, _ = doctored
     first = promote(service, profile)
     assert first.outcome == "promoted" and first.image is not None and first.image.attempts  # really built
     second = promote(service, profile, revision="dev")
     assert second.outcome == "promoted" and second.serving_revision != first.serving_revision
     return service, profile
+
+
+def test_doctor_finds_nothing_failed_with_the_readme_roles_before_the_promote(
+    doctored: tuple[str, str, list[Check]],
+) -> None:
+    _, _, rows = doctored
+    assert [r for r in rows if r.status == "fail"] == []
+    names = {r.name for r in rows}
+    assert {"deployer permissions", "doctor permissions", "APIs enabled", "GPU quota", "build identity"} <= names
+    assert "org policy gcp.resourceLocations" in names
+    status = {r.name: r.status for r in rows}
+    assert status["GPU quota"] == status["doctor permissions"] == status["APIs enabled"] == "ok", rows
 
 
 def test_the_readme_roles_promote_scale_roll_back_and_tear_down(promoted: tuple[str, str]) -> None:
@@ -93,7 +121,7 @@ def without(readme_roles: SandboxHandle) -> Iterator[Callable[[str], None]]:
 
 
 def _assert_names_the_grant(message: str, role: str) -> None:
-    need = next(n for n in DEPLOYER_ROLES if n.role == role)
+    need = next(n for n in (*DEPLOYER_ROLES, *DOCTOR_ROLES) if n.role == role)
     named = re.search(r"missing permission ([A-Za-z0-9_.]+)", message)
     assert named, f"no permission named in: {message}"
     assert named.group(1) in need.permissions, f"{named.group(1)} is not one of {role}'s: {message}"
@@ -127,6 +155,10 @@ def _promote_a_revision_that_crashes(service: str, build_source: Path, sandbox: 
     promote(service, save_profile(f"{service}-crash", build_source, service, max_instances=2))
 
 
+def _doctor(profile: str, **_: object) -> None:
+    doctor(target="sandbox", profile=profile)
+
+
 STEPS: dict[str, Callable[..., None]] = {
     "roles/run.admin": _scale,
     "roles/iam.serviceAccountUser": _promote_again,
@@ -137,6 +169,8 @@ STEPS: dict[str, Callable[..., None]] = {
     "roles/secretmanager.admin": _promote_again,
     "roles/artifactregistry.admin": _promote_again,
     "roles/cloudbuild.builds.editor": _promote_a_new_build,
+    "roles/serviceusage.serviceUsageViewer": _doctor,
+    "roles/orgpolicy.policyViewer": _doctor,
 }
 
 
@@ -153,6 +187,24 @@ def test_without_one_role_the_flow_names_the_permission_and_the_role(
     with pytest.raises(Exception) as caught:  # each step raises its own error type; the text is what matters
         STEPS[role](service=service, profile=profile, build_source=build_source, sandbox=readme_roles)
     _assert_names_the_grant(str(caught.value), role)
+
+
+def test_doctor_without_the_policy_viewer_names_the_permission_and_the_role_on_the_org_policy_rows(
+    promoted: tuple[str, str], without
+) -> None:
+    _, profile = promoted
+    without("roles/orgpolicy.policyViewer")
+    with pytest.raises(DoctorFailed) as caught:
+        doctor(target="sandbox", profile=profile)
+    rows = {r.name: r for r in caught.value.checks}
+    policy_rows = [r for name, r in rows.items() if name.startswith("org policy ")]
+    assert len(policy_rows) == 4, rows
+    for row in policy_rows:
+        assert "missing permission orgpolicy.policy.get; grant roles/orgpolicy.policyViewer" in row.detail, row
+        assert row.fix.startswith("gcloud projects add-iam-policy-binding sandbox-project --member=")
+        assert row.fix.endswith("--role=roles/orgpolicy.policyViewer")
+    assert "roles/orgpolicy.policyViewer for orgpolicy.policy.get" in rows["doctor permissions"].detail
+    assert "deployer permissions" not in rows and "APIs enabled" not in rows  # only what the role is for
 
 
 def test_teardown_with_the_readme_roles(promoted: tuple[str, str], readme_roles: SandboxHandle) -> None:

@@ -1,8 +1,9 @@
 """Cloud Build runs as an identity that needs rights (issue 12): the sandbox enforces them, the product grants them.
 
 New projects build as the Compute Engine default account with no role (the sandbox's default project policy);
-the product builds as its own account, granted objectViewer + objectCreator on the bucket and
-artifactregistry.writer on the repository. Needs the sandbox's permission model (sandbox.authz, H2).
+the product builds as its own account, granted Storage Admin on a build bucket of its own (what Google's build logs
+page asks of a user-chosen build account; objectViewer + objectCreator are refused at create), nothing on the model
+bucket, and artifactregistry.writer on the repository. Needs the sandbox's permission model (sandbox.authz, H2).
 """
 
 from __future__ import annotations
@@ -26,18 +27,36 @@ DOCKERFILE = 'FROM python:3.12-slim\nCOPY app.py /app/app.py\nCMD ["python", "/a
 
 @pytest.fixture
 def target(sandbox_target) -> GcpTarget:
-    """A bucket, a repository and a build account of its own: no grant from another test applies."""
+    """Buckets, a repository and a build account of its own: no grant from another test applies."""
     n = f"{next(_ids)}-{uuid.uuid4().hex[:4]}"
     fresh = sandbox_target.model_copy(
         update={
             "bucket": f"build-id-{n}",
+            "build_bucket": f"build-id-{n}-builds",
             "artifact_repository": f"build-id-{n}",
             "build_service_account_name": f"build-id-{n}",
         }
     )
     infra.ensure_bucket(fresh)
+    infra.ensure_build_bucket(fresh)
     infra.ensure_artifact_registry(fresh)
     return fresh
+
+
+def roles_of(target: GcpTarget, bucket: str) -> set[str]:
+    """The roles the build identity holds on ``bucket``."""
+    policy = clients.storage(target).bucket(bucket).get_iam_policy(requested_policy_version=3)
+    member = f"serviceAccount:{target.build_service_account_email}"
+    return {b["role"] for b in policy.bindings if member in b["members"]}
+
+
+def bind(target: GcpTarget, bucket: str, *roles: str) -> None:
+    """Bind ``roles`` on ``bucket`` to the build identity, as a hand-made (or an earlier version's) grant would."""
+    handle = clients.storage(target).bucket(bucket)
+    policy = handle.get_iam_policy(requested_policy_version=3)
+    member = f"serviceAccount:{target.build_service_account_email}"
+    policy.bindings.extend({"role": role, "members": {member}} for role in roles)
+    handle.set_iam_policy(policy)
 
 
 @pytest.fixture
@@ -59,12 +78,15 @@ def test_a_build_as_the_dedicated_identity_succeeds(target, app):
         ("service-account", "created"),
         ("iam", "updated"),
         ("iam", "updated"),
+        ("iam", "found"),  # nothing to remove from the model bucket
     ]
-    assert results[1].changes == ["granted roles/storage.objectViewer", "granted roles/storage.objectCreator"]
+    assert results[1].changes == ["granted roles/storage.admin"]
     assert results[2].changes == [
         f"granted roles/artifactregistry.writer to serviceAccount:{target.build_service_account_email}"
     ]
-    assert [r.action for r in build_identity.ensure_build_identity(target)] == ["found"] * 3  # idempotent
+    assert [r.action for r in build_identity.ensure_build_identity(target)] == ["found"] * 4  # idempotent
+    assert roles_of(target, target.build_bucket_name) == {"roles/storage.admin"}
+    assert roles_of(target, target.bucket_name) == set()  # builds never touch the weights
 
     result = build_image(target, app)
     (attempt,) = result.attempts
@@ -72,8 +94,12 @@ def test_a_build_as_the_dedicated_identity_succeeds(target, app):
     assert build.status == Status.SUCCESS
     assert build.service_account == build_identity.build_account_resource(target)
     assert build.options.logging == cb.BuildOptions.LoggingMode.GCS_ONLY
-    log = clients.storage(target).bucket(target.bucket_name).blob(f"cloudbuild-logs/log-{build.id}.txt")
-    assert log.download_as_text().rstrip().endswith("DONE")  # written by the build identity to our bucket
+    assert build.source.storage_source.bucket == target.build_bucket_name
+    assert build.logs_bucket == f"gs://{target.build_bucket_name}/cloudbuild-logs"
+    gcs = clients.storage(target)
+    log = gcs.bucket(target.build_bucket_name).blob(f"cloudbuild-logs/log-{build.id}.txt")
+    assert log.download_as_text().rstrip().endswith("DONE")  # written by the build identity to the build bucket
+    assert list(gcs.list_blobs(target.bucket_name)) == []  # neither source nor log in the model bucket
 
 
 def test_without_the_repository_grant_the_push_is_denied_and_the_error_names_the_grant(target, app):
@@ -100,11 +126,9 @@ def test_without_the_repository_grant_the_push_is_denied_and_the_error_names_the
 def test_without_read_access_to_the_source_the_fetch_is_denied(target, app):
     build_identity.ensure_build_service_account(target)
     build_identity.grant_build_repository_writer(target)
-    bucket = clients.storage(target).bucket(target.bucket_name)
-    policy = bucket.get_iam_policy(requested_policy_version=3)
     member = f"serviceAccount:{target.build_service_account_email}"
-    policy.bindings.append({"role": "roles/storage.objectCreator", "members": {member}})  # logs only
-    bucket.set_iam_policy(policy)
+    # Enough for the create-time logs bucket check (buckets.get, objects.create), no objects.get: the fetch fails.
+    bind(target, target.build_bucket_name, "roles/storage.objectCreator", "roles/storage.legacyBucketReader")
     with pytest.raises(ImageBuildError) as caught:
         build_image(target, app)
     message = str(caught.value)
@@ -112,24 +136,47 @@ def test_without_read_access_to_the_source_the_fetch_is_denied(target, app):
         f"AccessDeniedException: 403 {target.build_service_account_email} does not have storage.objects.get access "
         "to the Google Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may not exist)."
     ) in message
-    assert f"gs://{target.bucket_name} --member {member} --role roles/storage.objectViewer" in message
+    assert f"gs://{target.build_bucket_name} --member {member} --role roles/storage.admin" in message
 
 
-def test_without_write_access_to_the_logs_bucket_the_build_is_refused(target, app):
+def test_object_roles_on_the_logs_bucket_are_refused_at_create_and_storage_admin_builds(target, app):
+    # The grant set of a990ab2 (objectViewer + objectCreator): Google's build logs page asks for Storage Admin for a
+    # user-chosen build account, and the create is refused with Cloud Build's 400 before anything runs.
     build_identity.ensure_build_service_account(target)
     build_identity.grant_build_repository_writer(target)
-    bucket = clients.storage(target).bucket(target.bucket_name)
-    policy = bucket.get_iam_policy(requested_policy_version=3)
     member = f"serviceAccount:{target.build_service_account_email}"
-    policy.bindings.append({"role": "roles/storage.objectViewer", "members": {member}})  # sources only
-    bucket.set_iam_policy(policy)
+    bind(target, target.build_bucket_name, "roles/storage.objectViewer", "roles/storage.objectCreator")
     with pytest.raises(ImageBuildError) as caught:
         build_image(target, app)
     message = str(caught.value)
-    assert (
-        f'invalid bucket "{target.bucket_name}"; builder service account does not have access to the bucket' in message
+    refusal = f'invalid bucket "{target.build_bucket_name}"; builder service account does not have access to the bucket'
+    assert refusal in message
+    assert f"gs://{target.build_bucket_name} --member {member} --role roles/storage.admin" in message
+    raw = cb.Build(  # the same create by hand: Cloud Build's status and message as they are
+        steps=[cb.BuildStep(name="ubuntu", args=["true"])],
+        service_account=build_identity.build_account_resource(target),
+        logs_bucket=f"gs://{target.build_bucket_name}/cloudbuild-logs",
+        options=cb.BuildOptions(logging=cb.BuildOptions.LoggingMode.GCS_ONLY),
     )
-    assert f"--member {member} --role roles/storage.objectCreator" in message
+    with pytest.raises(exceptions.BadRequest) as refused:
+        clients.cloud_build(target).create_build(parent=target.location_path, build=raw)
+    assert refused.value.code == 400 and refused.value.message.endswith(refusal)
+    listed = cb.ListBuildsRequest(project_id=target.project, parent=target.location_path)
+    builds = clients.cloud_build(target).list_builds(request=listed)
+    assert not [b for b in builds if b.service_account.endswith(target.build_service_account_email)]  # none ran
+
+    assert build_identity.grant_build_bucket_access(target).changes == ["granted roles/storage.admin"]
+    (attempt,) = build_image(target, app).attempts
+    assert attempt.status == "SUCCESS"
+
+
+def test_the_model_bucket_roles_of_an_earlier_version_are_removed(target, iam_propagated):
+    build_identity.ensure_build_service_account(target)  # bound by hand right after: no propagation window here
+    bind(target, target.bucket_name, "roles/storage.objectViewer", "roles/storage.objectCreator")
+    results = build_identity.ensure_build_identity(target)
+    assert sorted(results[3].changes) == ["removed roles/storage.objectCreator", "removed roles/storage.objectViewer"]
+    assert roles_of(target, target.bucket_name) == set()
+    assert roles_of(target, target.build_bucket_name) == {"roles/storage.admin"}
 
 
 def test_a_build_as_the_default_identity_of_a_new_project_cannot_read_its_source(sb, target, app):
@@ -159,8 +206,8 @@ def test_a_build_as_the_default_identity_of_a_new_project_cannot_read_its_source
     assert f"AccessDeniedException: 403 {default} does not have storage.objects.get access" in log
 
 
-def test_a_build_with_its_own_account_and_no_logging_option_gets_the_real_400(target):
-    build_identity.ensure_build_service_account(target)
+def test_a_build_with_its_own_account_and_no_logging_option_gets_the_real_400(target, iam_propagated):
+    build_identity.ensure_build_service_account(target)  # raw creates right after: no propagation window here
     request = cb.Build(
         steps=[cb.BuildStep(name="ubuntu", args=["true"])],
         service_account=build_identity.build_account_resource(target),

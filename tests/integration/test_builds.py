@@ -32,6 +32,7 @@ def target(sandbox_target) -> GcpTarget:
     n = next(_ids)
     fresh = sandbox_target.model_copy(update={"bucket": f"builds-test-{n}", "artifact_repository": f"builds-{n}"})
     infra.ensure_bucket(fresh)
+    infra.ensure_build_bucket(fresh)
     infra.ensure_artifact_registry(fresh)
     build_identity.ensure_build_identity(fresh)  # the ensure-infrastructure step's grants for builds
     return fresh

@@ -30,6 +30,7 @@ async def _task_run_names(flow_run_id) -> list[str]:
 def test_each_ladder_attempt_is_a_task_run(prefect_api, sandbox_target, tmp_path):
     target = sandbox_target.model_copy(update={"bucket": "builds-task-runs", "artifact_repository": "task-runs"})
     infra.ensure_bucket(target)
+    infra.ensure_build_bucket(target)
     infra.ensure_artifact_registry(target)
     build_identity.ensure_build_identity(target)  # the ensure-infrastructure step's grants for builds
     source = tmp_path / "src"

@@ -231,14 +231,33 @@ def test_build_identity_is_checked_once_it_exists(sb, target, tmp_path):
     assert first.status == "ok" and "will be created by promote" in first.detail
     build_identity.ensure_build_service_account(target)
     infra.ensure_bucket(target)
+    infra.ensure_build_bucket(target)
     infra.ensure_artifact_registry(target)
     bare = checks.check_build_identity(target, building)
     assert bare.status == "warn"
-    assert "roles/storage.objectViewer" in bare.detail and "roles/artifactregistry.writer" in bare.detail
-    assert f"gcloud storage buckets add-iam-policy-binding gs://{target.bucket_name}" in bare.fix
+    assert f"roles/storage.admin on gs://{target.build_bucket_name}" in bare.detail
+    assert "roles/artifactregistry.writer" in bare.detail
+    assert (
+        f"gcloud storage buckets add-iam-policy-binding gs://{target.build_bucket_name} "
+        f"--member=serviceAccount:{target.build_service_account_email} --role=roles/storage.admin"
+    ) in bare.fix
     build_identity.ensure_build_identity(target)
     granted = checks.check_build_identity(target, building)
     assert granted.status == "ok" and "holds its roles" in granted.detail
+    assert "none on the model bucket" in granted.detail
+    bucket = clients.storage(target).bucket(target.bucket_name)  # an earlier version's grant on the model bucket
+    policy = bucket.get_iam_policy(requested_policy_version=3)
+    member = f"serviceAccount:{target.build_service_account_email}"
+    policy.bindings.append({"role": "roles/storage.objectCreator", "members": {member}})
+    bucket.set_iam_policy(policy)
+    stale = checks.check_build_identity(target, building)
+    assert stale.status == "warn" and f"holds roles/storage.objectCreator on gs://{target.bucket_name}" in stale.detail
+    assert (
+        f"gcloud storage buckets remove-iam-policy-binding gs://{target.bucket_name} --member={member} "
+        "--role=roles/storage.objectCreator"
+    ) in stale.fix
+    build_identity.ensure_build_identity(target)  # promote's step removes it
+    assert checks.check_build_identity(target, building).status == "ok"
 
 
 def test_service_usage_itself_disabled_is_named_by_the_checks_that_read_through_it(sb, target):

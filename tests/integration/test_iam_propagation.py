@@ -1,21 +1,26 @@
 """IAM eventual consistency: a new service account is unknown to other APIs for a while, and the product waits.
 
 The sandbox hides a new account from setIamPolicy elsewhere and from Cloud Run for ``iam_propagation_seconds``
-(simulated); raw calls get the errors Google gives, the product's grant and deploy steps retry exactly those
-errors and log why they wait.
+(simulated); raw calls get the errors Google gives, the product's grant, deploy and build steps retry exactly
+those errors and log why they wait.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import time
+import uuid
 
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import run_v2
+from google.cloud.devtools import cloudbuild_v1 as cb
 from pydantic import SecretStr
 
-from tasks import access, clients, infra
+from blocks import ImageBuild
+from tasks import access, build_identity, clients, infra
+from tasks.builds import build_image
 from tasks.cloudrun import deploy_candidate
 from tasks.logs import PACKAGE_LOGGER
 from tests.support.models import tiny_model_files, upload_model
@@ -155,3 +160,46 @@ def test_an_account_that_never_appears_fails_with_the_fix_after_the_deadline(sb,
             "Cloud Run",
             deadline_s=2,
         )
+
+
+def test_a_build_as_a_new_build_identity_waits_for_cloud_build_to_see_it(sb, target, iam_propagation, caplog, tmp_path):
+    """Cloud Build refuses a build run as an account it cannot see yet, as it refuses a caller without actAs; the
+    product's build waits for it, says why, and then builds."""
+    caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
+    target = target.model_copy(update={"build_service_account_name": f"fresh-build-{next(_ids)}"})
+    infra.ensure_bucket(target)
+    infra.ensure_build_bucket(target)
+    infra.ensure_artifact_registry(target)
+    (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY app.py /app/app.py\n")
+    (tmp_path / "app.py").write_text(f"print({uuid.uuid4().hex!r})\n")  # a new content tag: never found built
+    app = ImageBuild(source_dir=str(tmp_path), image_name="app", max_jobs_ladder=[8])
+    account, email = build_identity.build_account_resource(target), target.build_service_account_email
+    scale = sb.configure()["time_scale"]
+
+    iam_propagation(3600)  # an hour of simulated time: the window cannot close during the raw call
+    created = time.monotonic()
+    assert build_identity.ensure_build_service_account(target).action == "created"
+    raw = cb.Build(
+        steps=[cb.BuildStep(name="gcr.io/cloud-builders/docker", args=["version"])],
+        service_account=account,
+        options=cb.BuildOptions(logging=cb.BuildOptions.LoggingMode.CLOUD_LOGGING_ONLY),
+    )
+    with pytest.raises(gexc.Forbidden) as refused:
+        clients.cloud_build(target).create_build(parent=target.location_path, build=raw)
+    assert refused.value.message.endswith(f"caller does not have permission to act as service account {account}")
+
+    # The grants go through as if IAM had caught up (they have their own waits, tested above); then the window,
+    # counted from the account's creation, is set to close 1.5 s from now: Cloud Build has not caught up yet.
+    iam_propagation(0)
+    build_identity.ensure_build_identity(target)
+    iam_propagation((time.monotonic() - created + 1.5) / scale)
+    since = sb.last_request_seq()
+    result = build_image(target, app)
+    assert [a.status for a in result.attempts] == ["SUCCESS"]
+    assert waits_logged(caplog, email, "Cloud Build")  # it waited, and said why
+    creates = [
+        r["status"]
+        for r in sb.requests("control", since=since)
+        if r["method"] == "POST" and r["path"].endswith("/builds")
+    ]
+    assert creates[0] == 403 and creates[-1] == 200  # refused while unseen, then accepted

@@ -194,3 +194,15 @@ def test_a_valid_token_of_a_caller_without_run_invoker_is_forbidden_until_grante
         policy = services.get_iam_policy(request={"resource": svc.name})
         del policy.bindings[:]
         services.set_iam_policy(request={"resource": svc.name, "policy": policy})
+
+
+def test_a_users_token_from_gcloud_or_adc_names_gclouds_client_and_is_accepted(service):
+    """The product's user-credentials path (``gcloud auth application-default login``): google-auth's refresh
+    returns an ID token whose ``aud`` is gcloud's OAuth client id, which Cloud Run trusts on every service; another
+    OAuth client's id is no audience of the service."""
+    svc, tag_url = service
+    adc_client = "764086051850-6qr4p6gpi6hn506pt8ejuq83di341hur.apps.googleusercontent.com"
+    for url in (svc.uri, tag_url):
+        assert httpx.get(f"{url}/v1/models", headers=bearer(adc_client), timeout=30).status_code == 200
+    stranger_client = "123456789012-abcdefghijklmnopqrstuvwxyz012345.apps.googleusercontent.com"
+    assert httpx.get(f"{svc.uri}/v1/models", headers=bearer(stranger_client), timeout=30).status_code == 401

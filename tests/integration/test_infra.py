@@ -6,13 +6,15 @@ import itertools
 import json
 
 import pytest
-from google.cloud import compute_v1, run_v2
+from google.api_core.exceptions import BadRequest, NotFound
+from google.cloud import compute_v1, run_v2, secretmanager_v1
 from pydantic import SecretStr
 
 from blocks import GcpTarget
 from tasks import access, clients, infra, teardown
 from tasks.gcp import InfraError
 from tests.support.models import tiny_model_files, upload_model
+from tests.support.sandbox_config import config_setter
 from tests.support.services import gpu_service
 
 _ids = itertools.count()
@@ -395,3 +397,39 @@ def test_teardown_twice_in_a_row_succeeds(target):
     ]
     assert [step().action for step in steps] == ["deleted"] * 6
     assert [step().action for step in steps] == ["absent"] * 6
+
+
+# Organization policy on resource locations -----------------------------------------------------------------
+US_ONLY = {"gcp.resourceLocations": {"rules": [{"values": {"allowedValues": ["in:us-locations"]}}]}}
+EU_ONLY = {"gcp.resourceLocations": {"rules": [{"values": {"allowedValues": ["in:eu-locations"]}}]}}
+
+
+def test_a_location_policy_refuses_a_global_secret_and_the_products_regional_secret_is_created(sb, target):
+    manager = clients.secret_manager(target)
+    with config_setter(sb, "org_policies") as org_policies:
+        org_policies(US_ONLY)
+        # What the product did before, and most tools still do: automatic replication lives in "global".
+        with pytest.raises(BadRequest) as refused:
+            manager.create_secret(
+                parent=f"projects/{target.project}",
+                secret_id=f"{target.hf_token_secret}-global",
+                secret=secretmanager_v1.Secret(
+                    replication=secretmanager_v1.Replication(automatic=secretmanager_v1.Replication.Automatic())
+                ),
+            )
+        assert "Constraint constraints/gcp.resourceLocations violated for [orgpolicy:projects/" in refused.value.message
+        assert "attempting to create a secret in [global]" in refused.value.message
+        assert infra.ensure_secret(target, TOKEN).action == "created"
+    secret = manager.get_secret(name=infra.secret_path(target))
+    assert [r.location for r in secret.replication.user_managed.replicas] == [target.region]
+    latest = manager.access_secret_version(name=f"{infra.secret_path(target)}/versions/latest").payload.data
+    assert latest == TOKEN.get_secret_value().encode()
+
+
+def test_a_location_policy_that_excludes_the_region_refuses_the_secret_with_the_constraint(sb, target):
+    with config_setter(sb, "org_policies") as org_policies:
+        org_policies(EU_ONLY)
+        with pytest.raises(BadRequest, match=rf"attempting to create a secret in \[{target.region}\]"):
+            infra.ensure_secret(target, TOKEN)
+    with pytest.raises(NotFound):
+        clients.secret_manager(target).get_secret(name=infra.secret_path(target))

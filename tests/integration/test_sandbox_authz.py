@@ -101,6 +101,29 @@ def test_run_deploy_as_a_service_account_needs_act_as(roles: SandboxHandle, sand
     assert "iam.serviceAccounts.actAs" in explained and "roles/iam.serviceAccountUser" in explained
 
 
+def test_a_build_as_a_service_account_needs_act_as_and_cloud_build_names_it_by_id(
+    roles: SandboxHandle, sandbox_target: GcpTarget
+) -> None:
+    from google.cloud.devtools import cloudbuild_v1
+
+    from sandbox.identity import unique_id
+
+    roles.set_caller_roles(["roles/cloudbuild.builds.editor"])
+    email = f"{sandbox_target.build_service_account_name}@{sandbox_target.project}.iam.gserviceaccount.com"
+    build = cloudbuild_v1.Build(
+        steps=[cloudbuild_v1.BuildStep(name="ubuntu", args=["true"])],
+        service_account=f"projects/{sandbox_target.project}/serviceAccounts/{email}",
+        options=cloudbuild_v1.BuildOptions(logging=cloudbuild_v1.BuildOptions.LoggingMode.CLOUD_LOGGING_ONLY),
+    )
+    with pytest.raises(gexc.Forbidden) as caught:
+        clients.cloud_build(sandbox_target).create_build(parent=sandbox_target.location_path, build=build)
+    wire = _wire(caught.value)
+    assert wire["message"] == f"caller does not have permission to act as service account {unique_id(email)}"
+    assert wire["details"][0]["metadata"]["permission"] == "iam.serviceAccounts.actAs"
+    explained = explain_denied(caught.value.message, sandbox_target.project)
+    assert "iam.serviceAccounts.actAs" in explained and "roles/iam.serviceAccountUser" in explained
+
+
 def test_act_as_granted_on_the_account_alone_is_enough(roles: SandboxHandle, sandbox_target: GcpTarget) -> None:
     """serviceAccountUser on the one account (its own IAM policy), not on the project, lets the deploy through."""
     before = roles.configure()["iam_propagation_seconds"]

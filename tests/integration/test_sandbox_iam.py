@@ -23,7 +23,7 @@ COMPUTE_DEFAULT = f"{DEFAULT_PROJECT_NUMBER}-compute@developer.gserviceaccount.c
 
 
 @pytest.fixture(scope="module")
-def iam(sandbox_target) -> clients.IamRest:
+def iam(sandbox_target) -> clients.GoogleRest:
     return clients.iam(sandbox_target)
 
 
@@ -36,13 +36,13 @@ def new_id(prefix: str = "sa") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def create(iam: clients.IamRest, project: str, account_id: str, **fields: str) -> requests.Response:
+def create(iam: clients.GoogleRest, project: str, account_id: str, **fields: str) -> requests.Response:
     return iam.session.post(
         iam.url(f"projects/{project}/serviceAccounts"), json={"accountId": account_id, "serviceAccount": fields}
     )
 
 
-def account_url(iam: clients.IamRest, project: str, key: str, verb: str = "") -> str:
+def account_url(iam: clients.GoogleRest, project: str, key: str, verb: str = "") -> str:
     return iam.url(f"projects/{project}/serviceAccounts/{key}") + (f":{verb}" if verb else "")
 
 

@@ -81,9 +81,21 @@ def test_bad_profile_values_name_the_field(values, expected):
     assert expected in message
 
 
+def test_the_build_bucket_is_never_the_model_bucket_and_is_a_valid_name():
+    where = {"project": "acme-ml-prod", "region": "europe-west4"}
+    message = error_text(GcpTarget, **where, bucket="shared", build_bucket="shared")
+    assert "build_bucket 'shared' is the model bucket; builds need a bucket of their own" in message
+    message = error_text(GcpTarget, **where, build_bucket="gs://builds")
+    assert "build_bucket 'gs://builds': give the bucket name without gs://" in message
+    # The longest project id in the longest region: the derived name is too long, and the error says what to set.
+    message = error_text(GcpTarget, project="a" * 30, region="northamerica-northeast1", bucket="weights")
+    assert "is not a valid bucket name" in message and "set build_bucket explicitly" in message
+
+
 def test_target_defaults_follow_the_codelab_naming():
     target = GcpTarget(project="acme-ml-prod", region="europe-west4")
     assert target.bucket_name == "acme-ml-prod-europe-west4-hf-model-cache"
+    assert target.build_bucket_name == "acme-ml-prod-europe-west4-hf-builds"  # sources and logs: not the weights
     assert target.model_prefix == "model-cache"
     assert target.subnet_range == "10.8.0.0/26"
     assert target.service_account_email == "vllm-serving@acme-ml-prod.iam.gserviceaccount.com"

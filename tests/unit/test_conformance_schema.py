@@ -187,3 +187,19 @@ def test_enum_numbers_are_the_protos_own_even_with_gaps():
         "Invalid value at 'build.options.machine_type' "
         "(type.googleapis.com/google.devtools.cloudbuild.v1.BuildOptions.MachineType), 3"
     ]
+
+
+def test_the_gcs_front_refuses_nothing_but_records_a_request_beyond_storage_v1():
+    async def insert_bucket(request: Request) -> JSONResponse:
+        return JSONResponse({"kind": "storage#bucket", "name": (await request.json())["name"]})
+
+    app = Starlette(routes=[Route("/storage/v1/b", insert_bucket, methods=["POST"])])
+    log = ConformanceLog()
+    with TestClient(ConformanceMiddleware(app, log, ("storage.v1",), check_requests=False)) as client:
+        fine = client.post("/storage/v1/b?project=p", json={"name": "b", "location": "US-CENTRAL1"})
+        odd = client.post("/storage/v1/b?project=p&colour=red", json={"name": "c", "gpuCount": 1})
+    assert fine.status_code == odd.status_code == 200  # no source shows Cloud Storage refusing either
+    [violation] = log.violations()
+    assert violation["method"] == "storage.buckets.insert" and violation["http"].endswith("(request)")
+    assert len(violation["problems"]) == 2
+    assert any('"colour"' in p for p in violation["problems"]) and any('"gpuCount"' in p for p in violation["problems"])

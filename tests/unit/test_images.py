@@ -44,7 +44,8 @@ def test_vllm_cpu_recipe_renders_seed_000s_cloudbuild_yaml():
     assert config["images"] == [image]
     assert config["options"]["machineType"] == "E2_HIGHCPU_32"
     assert config["timeout"] == "7200s"
-    assert config["logsBucket"] == f"gs://{TARGET.bucket_name}/cloudbuild-logs"
+    # The build bucket, never the model bucket: the build identity holds Storage Admin there.
+    assert config["logsBucket"] == "gs://acme-ml-prod-asia-southeast1-hf-builds/cloudbuild-logs"
     assert "source" not in config  # gcloud builds submit uploads the folder it is given
     # Seed 000 builds as the project's default identity; ours is the dedicated build account, and a build with its
     # own account must name its logging (Cloud Build answers 400 otherwise): the bucket only.
@@ -60,6 +61,7 @@ def test_the_recipe_pins_vllm_and_keeps_the_ladder_of_lesson_7():
     assert build.git_ref.startswith("v")  # a tag, not a moving branch (lesson 10)
     assert build.ladder == [32, 16, 8, 4]
     request = render_build(TARGET, build, build_plan(TARGET, build, "t"), max_jobs=16)
+    assert request.source.storage_source.bucket == "acme-ml-prod-asia-southeast1-hf-builds"
     assert request.source.storage_source.object_ == "cloudbuild-sources/vllm-cpu/t.tar.gz"
     assert "max-jobs-16" in request.tags
 
@@ -217,7 +219,7 @@ def test_serve_wrapper_recipe_matches_seed_002s_wrapper_image_and_build(tmp_path
     assert config["options"] == {"machineType": "E2_HIGHCPU_32", "diskSizeGb": "200", "logging": "GCS_ONLY"}
     assert config["timeout"] == "7200s"
     assert config["tags"] == ["hf-cloudrun-pipeline", "vllm-serve", "max-jobs-8"]  # seed 002_bedd7fb1ffced183: none
-    assert config["logsBucket"] == f"gs://{TARGET.bucket_name}/cloudbuild-logs"
+    assert config["logsBucket"] == f"gs://{TARGET.build_bucket_name}/cloudbuild-logs"
     assert "availableSecrets" not in config  # as seed 002_bedd7fb1ffced183: the image build needs no secret
 
 

@@ -53,6 +53,15 @@ def test_required_permissions_narrow_with_the_profile() -> None:
     assert permissions.ACT_AS in plain and plain == sorted(set(plain))
 
 
+def test_doctor_permissions_are_their_own_set() -> None:
+    """doctor's own reads are checked (and granted) apart from the deployer's: neither list holds the other's."""
+    doctor = permissions.doctor_permissions()
+    assert doctor == ["orgpolicy.policy.get", "serviceusage.quotas.get", "serviceusage.services.get"]
+    assert not set(doctor) & set(permissions.required_permissions())
+    assert all(need.when == permissions.DOCTOR for need in permissions.DOCTOR_ROLES)
+    assert "| doctor (read-only checks) |" in permissions.readme_table()
+
+
 @pytest.mark.parametrize(
     ("message", "permission", "role"),
     [

@@ -345,10 +345,27 @@ class CloudBuild:
             )
             if iam is not None and own and not iam.exists(email):
                 raise invalid_argument(f"invalid build: service account {email} does not exist")
+            if iam is not None and own and not iam.visible(email):
+                # An account created moments ago: Cloud Build's actAs check on it cannot see it yet and refuses
+                # the create as it refuses a caller without actAs (PERMISSION_DENIED "caller does not have
+                # permission to act as service account ..."), until IAM has propagated it.
+                # GoogleCloudPlatform/cloud-run-mcp PR 91 (a new project: cloudBuild.createBuild failed with
+                # PERMISSION_DENIED five times, then the build started) and issue 6; DefangLabs/pulumi-defang
+                # issue 115 (a build as a just-created build account refused at create, passing on a rerun).
+                raise GoogleApiError(
+                    403, f"caller does not have permission to act as service account {build.service_account}"
+                )
         if build.logs_bucket:
             bucket, _ = split_gs_url(build.logs_bucket)
-            writable = has_permission(
-                self.ctx, f"serviceAccount:{email}", "storage.objects.create", f"projects/_/buckets/{bucket}"
+            # Google's "Store and manage build logs" page (cloud.google.com/build/docs/securing-builds/
+            # store-view-build-logs, "Store build logs in a user-created bucket", IAM permissions): only the legacy
+            # Cloud Build account in the bucket's project needs no grant; any other build account needs the Storage
+            # Admin role on the bucket. Which permission Cloud Build actually tests is not documented: our reading
+            # is storage.buckets.get + storage.objects.create, both in Storage Admin, and buckets.get in neither
+            # objectCreator nor objectViewer, so those two roles alone are refused as the doc implies.
+            writable = all(
+                has_permission(self.ctx, f"serviceAccount:{email}", permission, f"projects/_/buckets/{bucket}")
+                for permission in ("storage.buckets.get", "storage.objects.create")
             )
             if not writable or not await self.storage.bucket_exists(bucket):
                 # Checked at create time, before the build runs; the build's identity writes the log (google/trillian

@@ -13,7 +13,6 @@ anything as that account has something to find.
 from __future__ import annotations
 
 import base64
-import json
 import re
 import secrets
 import time
@@ -26,8 +25,10 @@ from starlette.routing import BaseRoute, Route
 from sandbox import authz
 from sandbox.config import SandboxConfig
 from sandbox.control import ControlContext
+from sandbox.control.body import json_object
 from sandbox.control.errors import GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.iam.policy import ResourcePolicy
+from sandbox.control.paging import offset_page
 
 # The sandbox project's number (SandboxConfig has no field for it yet; see project_number()).
 DEFAULT_PROJECT_NUMBER = "123456789012"
@@ -223,20 +224,9 @@ class Iam:
 
     async def list_accounts(self, request: Request) -> JSONResponse:
         self._project(request, "iam.serviceAccounts.list")
-        try:
-            size = int(request.query_params.get("pageSize") or DEFAULT_PAGE_SIZE)
-            start = _decode_page_token(request.query_params.get("pageToken", ""))
-        except ValueError:
-            raise invalid_argument("Request contains an invalid argument: pageSize or pageToken.") from None
-        size = min(max(size, 1), MAX_PAGE_SIZE)
         ordered = sorted(self.accounts.values(), key=lambda a: a.email)
-        page = ordered[start : start + size]
-        body: dict = {}
-        if page:
-            body["accounts"] = [a.to_json(self.config.project) for a in page]
-        if start + size < len(ordered):
-            body["nextPageToken"] = _encode_page_token(start + size)
-        return JSONResponse(body)
+        rows = [a.to_json(self.config.project) for a in ordered]
+        return JSONResponse(offset_page(rows, "accounts", request.query_params, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE))
 
     async def get_account(self, request: Request) -> JSONResponse:
         account, verb = self._account(request, "iam.serviceAccounts.get")
@@ -318,17 +308,9 @@ class Iam:
 
 async def _json_body(request: Request, allow_empty: bool = False) -> dict:
     raw = await request.body()
-    if not raw.strip():
-        if allow_empty:
-            return {}
+    if not raw.strip() and not allow_empty:
         raise invalid_argument("Request contains an invalid argument: the request body is empty.")
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise invalid_argument("Invalid JSON payload received.") from None
-    if not isinstance(body, dict):
-        raise invalid_argument("Invalid JSON payload received: expected an object.")
-    return body
+    return json_object(raw)
 
 
 def _checked_texts(spec: dict) -> tuple[str, str]:
@@ -344,16 +326,3 @@ def _checked_texts(spec: dict) -> tuple[str, str]:
 def _camel(path: str) -> str:
     head, *rest = path.split("_")
     return head + "".join(p.capitalize() for p in rest)
-
-
-def _encode_page_token(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode()
-
-
-def _decode_page_token(token: str) -> int:
-    if not token:
-        return 0
-    text = base64.urlsafe_b64decode(token.encode()).decode()
-    if not text.startswith("offset:"):
-        raise ValueError(token)
-    return int(text.removeprefix("offset:"))

@@ -14,14 +14,13 @@ member's (default: the caller's) project roles; ``GET /_sandbox/resourcemanager/
 
 from __future__ import annotations
 
-import json
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from sandbox import authz
 from sandbox.control import ControlContext
+from sandbox.control.body import json_object
 from sandbox.control.errors import GoogleApiError, invalid_argument, not_found
 from sandbox.control.iam import ResourcePolicy, project_number
 from sandbox.control.iam.policy import new_etag
@@ -108,7 +107,7 @@ class ResourceManager:
 
     async def project_method(self, request: Request) -> JSONResponse:
         project, _, verb = request.path_params["project"].partition(":")
-        body = await _json_body(request)
+        body = json_object(await request.body())
         if verb == "getIamPolicy":
             self._check_project(project, "resourcemanager.projects.getIamPolicy")
             return JSONResponse(self.policy.to_json())
@@ -129,7 +128,7 @@ class ResourceManager:
 
     # Admin --------------------------------------------------------------------------------------------------
     async def admin_caller_roles(self, request: Request) -> JSONResponse:
-        body = await _json_body(request)
+        body = json_object(await request.body())
         roles = body.get("roles")
         if not isinstance(roles, list) or not all(isinstance(r, str) and r.startswith("roles/") for r in roles):
             return JSONResponse({"error": "roles: a list of predefined role names (roles/...)"}, status_code=400)
@@ -139,16 +138,3 @@ class ResourceManager:
 
     async def admin_policy(self, _: Request) -> JSONResponse:
         return JSONResponse({"caller": self.config.caller, "policy": self.policy.to_json()})
-
-
-async def _json_body(request: Request) -> dict:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise invalid_argument("Invalid JSON payload received.") from None
-    if not isinstance(body, dict):
-        raise invalid_argument("Invalid JSON payload received: expected an object.")
-    return body

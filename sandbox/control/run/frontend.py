@@ -4,7 +4,8 @@ A private service checks the caller as Cloud Run does ("Authenticating service-t
 audiences" and "Authenticate developers" in the Cloud Run docs):
 - no bearer token: 403 Forbidden;
 - a token that is not a Google-signed ID token (here: not signed by the sandbox's key), has expired, or whose
-  ``aud`` is not one of the service's own ``*.run.app`` URLs or custom audiences: 401 Unauthorized. A tag URL is
+  ``aud`` is not one of the service's own ``*.run.app`` URLs or custom audiences (or gcloud's OAuth client id, as
+  a user's token from gcloud or Application Default Credentials carries): 401 Unauthorized. A tag URL is
   not accepted as an audience: the docs name the service URL ("the Google-generated URL ... always remains an
   accepted audience value") and custom audiences only; a token for the service URL works on its tag URLs;
 - a valid token of a principal without ``run.routes.invoke`` on the service (roles/run.invoker, or a project role
@@ -42,6 +43,17 @@ UNAUTHORIZED = """<html><head>
 </body></html>
 """
 INVALID_TOKEN = 'Bearer error="invalid_token" error_description="The access token could not be verified"'
+# A user's ID token from gcloud (`gcloud auth print-identity-token`) or from Application Default Credentials
+# (`gcloud auth application-default login`, google-auth's user-credentials refresh) names gcloud's OAuth client as
+# ``aud``, not the service: Cloud Run trusts those client ids as audiences on every service (Google's
+# cloud-run-proxy PR 8: "When using the gcloud token, Cloud Run trusts the gcloud client IDs as valid aud values";
+# client ids as listed in googleapis/google-auth-library-java PR 469).
+GCLOUD_CLIENT_AUDIENCES = frozenset(
+    {
+        "32555940559.apps.googleusercontent.com",  # gcloud CLI (gcloud auth login)
+        "764086051850-6qr4p6gpi6hn506pt8ejuq83di341hur.apps.googleusercontent.com",  # gcloud ADC login
+    }
+)
 UNAVAILABLE = """<html><head><title>503 Service Unavailable</title></head><body><h1>Error: Service Unavailable</h1>
 <h2>The service you requested is not available yet. Please try again in 30 seconds.</h2></body></html>"""
 HOP_BY_HOP = {
@@ -107,7 +119,9 @@ class FrontEnd:
         if scheme.lower() != "bearer" or not token.strip():
             return HTMLResponse(FORBIDDEN.format(path=path), status_code=403)
         claims = self.issuer.verify(token.strip()) if self.issuer is not None else None
-        if claims is None or claims.audience.rstrip("/") not in routing.audiences:
+        if claims is None or (
+            claims.audience.rstrip("/") not in routing.audiences and claims.audience not in GCLOUD_CLIENT_AUDIENCES
+        ):
             return HTMLResponse(
                 UNAUTHORIZED.format(path=path), status_code=401, headers={"www-authenticate": INVALID_TOKEN}
             )

@@ -14,7 +14,6 @@ without them. Other modules read values through ``value`` / ``latest_value`` and
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from starlette.routing import BaseRoute, Route
 
 from sandbox import authz
 from sandbox.control import ControlContext
+from sandbox.control.body import json_object
 from sandbox.control.errors import (
     GoogleApiError,
     aborted,
@@ -37,6 +37,7 @@ from sandbox.control.errors import (
     not_found,
 )
 from sandbox.control.iam import ResourcePolicy, project_number
+from sandbox.control.orgpolicy.locations import check_location
 
 State = sm.SecretVersion.State
 SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
@@ -228,6 +229,8 @@ class SecretManager:
             )
         spec = _parse(sm.Secret, await request.body())
         _check_replication(spec.replication)
+        for location in _replica_locations(spec.replication):
+            check_location(self.config, self.project_number, location, "secret")
         _check_labels(spec.labels)
         if spec.version_aliases:
             raise invalid_argument("version_aliases must refer to existing versions; a new secret has none.")
@@ -266,7 +269,7 @@ class SecretManager:
         if verb not in ("setIamPolicy", "testIamPermissions"):
             raise not_found(f"Method '{verb or 'POST'}' not found.")
         record, _ = self._record(request, f"secretmanager.secrets.{verb}")
-        body = _json_object(await request.body())
+        body = json_object(await request.body())
         if verb == "setIamPolicy":
             iam = self.ctx.module("iam")
             check = iam.require_service_account if iam is not None else None
@@ -373,7 +376,7 @@ class SecretManager:
         if verb not in ("enable", "disable", "destroy"):
             raise not_found(f"Method '{verb or 'POST'}' not found.")
         record, found, _ = self._version(request, f"secretmanager.versions.{verb}")
-        body = _json_object(await request.body())
+        body = json_object(await request.body())
         version = found.version
         if body.get("etag") and body["etag"] != version.etag:
             raise aborted(f"The etag provided does not match the current etag of Secret Version [{version.name}].")
@@ -426,18 +429,6 @@ def _to_json(message, ints: bool = False) -> dict:
     return json_format.MessageToDict(type(message).pb(message), use_integers_for_enums=ints)
 
 
-def _json_object(raw: bytes) -> dict:
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise invalid_argument("Invalid JSON payload received.") from None
-    if not isinstance(body, dict):
-        raise invalid_argument("Invalid JSON payload received: expected an object.")
-    return body
-
-
 def _parse(message_type, raw: bytes):
     try:
         return message_type.from_json(raw or b"{}")
@@ -463,6 +454,13 @@ def _check_replication(replication: sm.Replication) -> None:
                 raise invalid_argument(f"Invalid replica location '{location}'.")
         if len(set(locations)) != len(locations):
             raise invalid_argument("Secret.replication.userManaged.replicas must not repeat a location.")
+
+
+def _replica_locations(replication: sm.Replication) -> list[str]:
+    """Where a secret's payloads live: ``global`` for automatic replication, else each user-managed replica's."""
+    if sm.Replication.pb(replication).WhichOneof("replication") == "automatic":
+        return ["global"]
+    return [r.location for r in replication.user_managed.replicas]
 
 
 def _check_labels(labels) -> None:

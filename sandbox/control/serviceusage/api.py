@@ -14,7 +14,6 @@ python-client ships no discovery document for it, so the sandbox serves the docu
 
 from __future__ import annotations
 
-import base64
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -23,6 +22,7 @@ from starlette.routing import BaseRoute, Route
 
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument, not_found
+from sandbox.control.paging import offset_page
 from sandbox.control.serviceusage.catalog import (
     QUOTA_UNIT,
     gpu_display_name,
@@ -106,20 +106,9 @@ class ServiceUsage:
     async def list_services(self, request: Request) -> JSONResponse:
         self._project(request, "serviceusage.services.list")
         wanted = _state_filter(request.query_params.get("filter", ""))
-        try:
-            size = int(request.query_params.get("pageSize") or DEFAULT_PAGE_SIZE)
-            start = _decode_token(request.query_params.get("pageToken", ""))
-        except ValueError:
-            raise invalid_argument("Request contains an invalid argument: pageSize or pageToken.") from None
-        size = min(max(size, 1), MAX_PAGE_SIZE)
         names = sorted(known_services())
         rows = [self.service_json(s) for s in names if wanted is None or self.state(s) == wanted]
-        body: dict = {}
-        if rows[start : start + size]:
-            body["services"] = rows[start : start + size]
-        if start + size < len(rows):
-            body["nextPageToken"] = base64.urlsafe_b64encode(f"offset:{start + size}".encode()).decode()
-        return JSONResponse(body)
+        return JSONResponse(offset_page(rows, "services", request.query_params, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE))
 
     # v1beta1 consumer quota metrics ------------------------------------------------------------------------------
     def _gpu_metrics(self, service: str) -> list[dict]:
@@ -180,12 +169,3 @@ def _state_filter(text: str) -> str | None:
     if key.strip() != "state" or value.strip() not in STATES:
         raise invalid_argument(f"Invalid filter '{text}': only 'state:ENABLED' or 'state:DISABLED' is supported.")
     return value.strip()
-
-
-def _decode_token(token: str) -> int:
-    if not token:
-        return 0
-    text = base64.urlsafe_b64decode(token.encode()).decode()
-    if not text.startswith("offset:"):
-        raise ValueError(token)
-    return int(text.removeprefix("offset:"))
