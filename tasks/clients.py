@@ -186,21 +186,25 @@ def identity_token(target: GcpTarget, audience: str) -> SecretStr:
     """A Google-signed ID token whose ``aud`` is ``audience``, for calling a private Cloud Run service (lesson 21).
 
     Cloud Run accepts only the service's own run.app URLs (or its custom audiences) as audience, not a tag URL:
-    pass the service URL, also when calling a tag URL. The target's service-account key mints one through its
-    token endpoint; otherwise google-auth's ``fetch_id_token`` uses GOOGLE_APPLICATION_CREDENTIALS, then the
-    metadata server (a Cloud Run worker or VM; the offline sandbox serves one too); user credentials carry one
-    after a refresh.
+    pass the service URL, also when calling a tag URL. The target's service-account key (info or file) mints one
+    through its token endpoint; otherwise google-auth's ``fetch_id_token`` uses GOOGLE_APPLICATION_CREDENTIALS,
+    then the metadata server (a Cloud Run worker or VM; the offline sandbox serves one too); impersonated ADC asks
+    IAM Credentials; user credentials carry one after a refresh (its ``aud`` is gcloud's client id, which Cloud
+    Run also accepts).
     """
     import google.auth.transport.requests
     import google.oauth2.id_token
+    from google.auth import impersonated_credentials
+    from google.oauth2 import service_account
 
     request = google.auth.transport.requests.Request()
-    info = target.gcp_credentials.service_account_info if target.gcp_credentials else None
-    if info is not None:
-        from google.oauth2 import service_account
-
-        creds = service_account.IDTokenCredentials.from_service_account_info(
-            info.get_secret_value(), target_audience=audience
+    block = target.gcp_credentials
+    if block is not None and (block.service_account_info or block.service_account_file):
+        key = service_account.IDTokenCredentials
+        creds = (
+            key.from_service_account_info(block.service_account_info.get_secret_value(), target_audience=audience)
+            if block.service_account_info
+            else key.from_service_account_file(str(block.service_account_file), target_audience=audience)
         )
         creds.refresh(request)
         return SecretStr(creds.token)
@@ -210,6 +214,12 @@ def identity_token(target: GcpTarget, audience: str) -> SecretStr:
         user = credentials(target)
         if isinstance(user, AnonymousCredentials):
             raise  # nothing that could sign for us: no key, no metadata server
+        if isinstance(user, impersonated_credentials.Credentials):
+            # ADC from `gcloud auth application-default login --impersonate-service-account=SA`: IAM Credentials'
+            # generateIdToken mints it as SA, with the email claim Cloud Run's invoker check reads.
+            minted = impersonated_credentials.IDTokenCredentials(user, target_audience=audience, include_email=True)
+            minted.refresh(request)
+            return SecretStr(minted.token)
         user.refresh(request)
         token = getattr(user, "id_token", None)
         if not token:
