@@ -193,10 +193,13 @@ def main() -> int:
 
     from sandbox.blocks import save_sandbox_blocks
     from sandbox.handle import SandboxHandle
+    from sandbox.metadata import point_google_auth_at
 
+    # The candidate's ID tokens come from the sandbox's metadata server, as on a Cloud Run worker.
+    metadata_port = point_google_auth_at()
     with (
         tempfile.TemporaryDirectory(prefix="bench-promotion-") as scratch,
-        SandboxHandle.start(Path(scratch) / "sandbox") as sb,
+        SandboxHandle.start(Path(scratch) / "sandbox", "--metadata-port", str(metadata_port)) as sb,
         prefect_test_harness(),
     ):
         os.environ["HF_ENDPOINT"] = sb.hub_url
