@@ -65,26 +65,28 @@ def hf_resolve_model(
     return resolved.commit, weights, config
 
 
-@task(name="ensure_infrastructure")
 def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: ModelSource) -> list[str]:
     """Bucket, registry, build bucket and the build identity with its grants (when building), network and subnet,
     service account and its read access to the bucket;
-    with hf_token_at_runtime, the Hub token in Secret Manager and the service account's access to it alone."""
-    steps = [infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet, infra.ensure_service_account]
-    if profile.build is not None:
-        steps[1:1] = [infra.ensure_artifact_registry, infra.ensure_build_bucket]  # builds only: none otherwise
+    with hf_token_at_runtime, the Hub token in Secret Manager and the service account's access to it alone.
+
+    Each resource is its own task run, so the run graph shows which one failed; they run one after the other in
+    this order (a grant needs its account and bucket). Returns one line per resource: what was done to it."""
+    steps = [infra.gcs_ensure_bucket, infra.compute_ensure_network, infra.compute_ensure_subnet,
+             infra.iam_ensure_service_account]  # fmt: skip
+    if profile.build is not None:  # builds only: none otherwise
+        steps[1:1] = [infra.artifactregistry_ensure_repository, infra.gcs_ensure_build_bucket]
     results = [step(target) for step in steps]
     # Deploying as the serving account needs actAs on it: say so now, before any weights are staged.
-    act_as.require_act_as(target, target.service_account_email, "deploying as the serving account")
-    results.append(access.grant_bucket_object_viewer(target))
+    act_as.iam_check_act_as(target, target.service_account_email, "deploying as the serving account")
+    results.append(access.gcs_grant_object_viewer(target))
     if profile.build is not None:  # builds run as their own least-privilege identity (tasks/build_identity.py)
-        results += build_identity.ensure_build_identity(target)
-        act_as.require_act_as(target, target.build_service_account_email, "building as the build identity")
+        results += [step(target) for step in build_identity.BUILD_IDENTITY_TASKS]
+        act_as.iam_check_act_as(target, target.build_service_account_email, "building as the build identity")
     if profile.hf_token_at_runtime:
-        token = clients.hub_token(source)  # read here, inside the task: never a parameter, never logged
-        if token is None:
-            raise ValueError(_NO_RUNTIME_TOKEN)
-        results += [infra.ensure_secret(target, token), access.grant_secret_accessor(target)]
+        # The token is read inside its task from the source's Secret block (or HF_TOKEN): never a parameter,
+        # so it never shows among the run's parameters in the UI, and never logged. Preflight made sure it exists.
+        results += [infra.secretmanager_ensure_hf_token(target, source), access.secretmanager_grant_accessor(target)]
     return [f"{r.kind} {r.name}: {r.action}" + (f" ({'; '.join(r.changes)})" if r.changes else "") for r in results]
 
 
@@ -199,8 +201,7 @@ def promote_model(
         })  # fmt: skip
         _promote(report, gcp, serving, source, service_id, verify, dry_run)
     except Exception as exc:
-        report.outcome = "failed"
-        report.reason = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+        report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
         _where_traffic_stands(report, gcp, service_id)
         _publish(report, gcp, service_id)
         raise
@@ -282,7 +283,7 @@ def _promote(
                 report.outcome = "promoted"
                 report.serving_revision = candidate.revision
         with report.step("invokers"):
-            access.ensure_service_invokers(target, service_id)
+            access.run_ensure_invokers(target, service_id)
         _where_traffic_stands(report, target, service_id)
 
 

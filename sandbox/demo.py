@@ -25,6 +25,18 @@ def _step(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
+def _quiet_console(level: int) -> None:
+    """Raise the console's threshold only. Lowering a logger (`prefect`, `prefect.flow_runs`) would also starve
+    the API handler below it, and the UI would show "This run didn't generate logs" (FACTS.md "Prefect UI");
+    Prefect's console handler sits on the root logger (prefect/logging/logging.yml), the API handler on
+    `prefect.flow_runs` and `prefect.task_runs`, so the runs keep their INFO logs in the UI."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler):
+            handler.setLevel(level)
+
+
 def run_demo(state_dir: Path) -> int:
     started = time.monotonic()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -43,7 +55,7 @@ def run_demo(state_dir: Path) -> int:
         from tasks.preflight import PreflightError
         from tasks.probe import VerifyOptions
 
-        logging.getLogger("prefect").setLevel(logging.WARNING)  # the report below says what happened
+        _quiet_console(logging.WARNING)  # the report below says what happened
         target = save_sandbox_blocks(state_dir)
         print(f"    blocks saved: GcpTarget 'sandbox' ({target.project}/{target.region}), Secret 'sandbox-hf-token'")
         verify = VerifyOptions(health_period_s=0.2)
@@ -78,7 +90,7 @@ def run_demo(state_dir: Path) -> int:
               f"(no-op: {second.staging.noop if second.staging else '-'}), no new revision")  # fmt: skip
 
         _step("promote-model with the generic vllm/vllm-openai image on the L4 (seed 000's failure)")
-        logging.getLogger("prefect.flow_runs").setLevel(logging.CRITICAL)  # the refusal is the point here
+        _quiet_console(logging.CRITICAL)  # the refusal printed below is the point here
         try:
             promote_model(spec_file=str(SPEC), image="vllm/vllm-openai:v0.33.0", verify=verify)
         except PreflightError as exc:

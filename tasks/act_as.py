@@ -12,6 +12,7 @@ weights are staged.
 from __future__ import annotations
 
 from google.api_core import exceptions as gexc
+from prefect import task
 
 from blocks.target import GcpTarget
 from tasks.gcp import InfraError
@@ -42,3 +43,7 @@ def require_act_as(target: GcpTarget, email: str, why: str) -> None:
         f"service-accounts add-iam-policy-binding {email} --project={target.project} --member={PRINCIPAL} "
         f"--role={SERVICE_ACCOUNT_USER}`; {PRINCIPAL}: the identity running this flow, e.g. user:you@example.com)"
     )
+
+
+# One task run per account in the promotion's run graph, named after the account checked.
+iam_check_act_as = task(name="iam_check_act_as", task_run_name="iam_check_act_as {email}")(require_act_as)

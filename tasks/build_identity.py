@@ -134,5 +134,15 @@ def _result(name: str, changes: list[str]) -> EnsureResult:
     return EnsureResult(kind="iam", name=name, action="updated" if changes else "found", changes=changes)
 
 
-iam_ensure_build_identity = task(name="iam_ensure_build_identity")(ensure_build_identity)
+# One task run per resource in the promotion's run graph (flows/promote.py), in ensure_build_identity's order.
+iam_ensure_build_service_account = task(name="iam_ensure_build_service_account")(ensure_build_service_account)
+gcs_grant_build_bucket_admin = task(name="gcs_grant_build_bucket_admin")(grant_build_bucket_access)
+artifactregistry_grant_build_writer = task(name="artifactregistry_grant_build_writer")(grant_build_repository_writer)
+gcs_revoke_build_model_bucket_roles = task(name="gcs_revoke_build_model_bucket_roles")(remove_model_bucket_roles)
+BUILD_IDENTITY_TASKS = (
+    iam_ensure_build_service_account,
+    gcs_grant_build_bucket_admin,
+    artifactregistry_grant_build_writer,
+    gcs_revoke_build_model_bucket_roles,
+)
 iam_delete_build_service_account = task(name="iam_delete_build_service_account")(delete_build_service_account)

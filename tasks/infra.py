@@ -380,6 +380,7 @@ def ensure_secret(target: GcpTarget, value: SecretStr, secret_id: str | None = N
 
 
 gcs_ensure_bucket = task(name="gcs_ensure_bucket")(ensure_bucket)
+gcs_ensure_build_bucket = task(name="gcs_ensure_build_bucket")(ensure_build_bucket)
 artifactregistry_ensure_repository = task(name="artifactregistry_ensure_repository")(ensure_artifact_registry)
 compute_ensure_network = task(name="compute_ensure_network")(ensure_network)
 compute_ensure_subnet = task(name="compute_ensure_subnet")(ensure_subnet)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from tasks.builds import ImageResult
 from tasks.cost import CostEstimate
-from tasks.preflight import Finding
+from tasks.preflight import Finding, PreflightError
 from tasks.probe import Verification
 from tasks.staging import StagingResult
 
@@ -57,6 +57,18 @@ class PromotionReport(BaseModel):
             raise
         self.steps.append(Step(name=name, seconds=round(time.monotonic() - started, 2), ok=True))
 
+    def fail(self, exc: BaseException) -> None:
+        """Record why the run failed. A preflight refusal keeps every finding, so the report lists each problem
+        with its fix; the exception's own text is only its headline."""
+        self.outcome = "failed"
+        if isinstance(exc, PreflightError):
+            self.findings += [f for f in exc.findings if f not in self.findings]
+            errors = [f.setting for f in self.findings if f.severity == "error"]
+            plural = "s" if len(errors) != 1 else ""
+            self.reason = f"preflight found {len(errors)} problem{plural} to fix first: {', '.join(errors)}"
+        else:
+            self.reason = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+
     def markdown(self) -> str:
         title = {
             "promoted": "promoted",
@@ -67,6 +79,9 @@ class PromotionReport(BaseModel):
         lines = [f"# {self.model}@{self.revision} on {self.service}: {title}", ""]
         if self.reason:
             lines += [f"**Reason:** {self.reason}", ""]
+        errors = [f for f in self.findings if f.severity == "error"]
+        if errors:  # what to fix comes first on a refusal, each finding whole (its message ends with the fix)
+            lines += ["**Fix these first:**", "", *[f"- {_md(f)}" for f in errors], ""]
         traffic = ", ".join(f"{rev} {pct} %" for rev, pct in self.traffic) or "no traffic (no serving revision)"
         lines += [
             "| | |",
@@ -113,6 +128,14 @@ class PromotionReport(BaseModel):
         if self.steps:
             lines += ["", "| step | seconds | ok |", "|---|---|---|"]
             lines += [f"| {s.name} | {s.seconds:.2f} | {'yes' if s.ok else 'FAILED'} |" for s in self.steps]
-        if self.findings:
-            lines += ["", "Preflight findings:", *[f"- {f}" for f in self.findings]]
+        warnings = [f for f in self.findings if f.severity != "error"]
+        if warnings:
+            lines += ["", "Preflight warnings:", *[f"- {_md(f)}" for f in warnings]]
         return "\n".join(lines) + "\n"
+
+
+def _md(finding: Finding) -> str:
+    """A finding as one markdown list item, its setting in code style and its message (which ends with the fix)
+    on one line, so the item is not cut short."""
+    lesson = f" (lesson {finding.lesson})" if finding.lesson else ""
+    return f"{finding.severity}: `{finding.setting}`: {' '.join(finding.message.splitlines())}{lesson}"

@@ -12,6 +12,7 @@ Hub call and one GCS read (lessons 11, 15, 18).
 from __future__ import annotations
 
 import base64
+import contextvars
 import datetime as dt
 import json
 import time
@@ -323,9 +324,11 @@ def _upload_all(
     uploader = _Uploader(bucket, prefix, access, resolved, options, progress, stats)
     try:
         with ThreadPoolExecutor(options.parallel_files, thread_name_prefix="stage") as pool:
-            # Largest first: the long transfers start early and the small ones fill the gaps.
+            # Largest first: the long transfers start early and the small ones fill the gaps. Each file runs in a
+            # copy of this task's context, so its Hub waits log on the run logger and show in the UI.
             futures: list[Future[StagedFile]] = [
-                pool.submit(uploader.upload, item) for item in sorted(todo, key=lambda f: -f.size)
+                pool.submit(contextvars.copy_context().run, uploader.upload, item)
+                for item in sorted(todo, key=lambda f: -f.size)
             ]
             pending = set(futures)
             while pending:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,15 @@ def test_the_demo_promotes_answers_repromotes_as_a_no_op_and_refuses_the_generic
     assert "unchanged in" in out and "(no-op: True)" in out
     assert "refused before any cloud call" in out and "vllm/vllm-openai" in out
     assert (tmp_path / "prefect-home").is_dir()  # the run history `make ui` shows
+    # Each promote-model run keeps its INFO logs in the API's database: the UI's log tab is not empty although
+    # the demo's console is quiet (read from the database `make ui` serves, which is what the UI lists).
+    with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:
+        rows = db.execute(
+            "SELECT flow_run.id, COUNT(log.id) FROM flow_run JOIN flow ON flow.id = flow_run.flow_id "
+            "LEFT JOIN log ON log.flow_run_id = flow_run.id AND log.level = 20 "
+            "WHERE flow.name = 'promote-model' GROUP BY flow_run.id"
+        ).fetchall()
+        messages = [m for (m,) in db.execute("SELECT message FROM log WHERE level = 20")]
+    assert len(rows) == 3, rows  # promoted, unchanged, refused
+    assert all(count > 0 for _, count in rows), f"runs without INFO logs in the API: {rows}"
+    assert any("staging sandbox/tiny-chat@" in m for m in messages), messages[:20]

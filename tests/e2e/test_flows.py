@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import threading
 
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import run_v2
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.client.schemas.sorting import ArtifactSort
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.sorting import ArtifactSort, TaskRunSort
+from prefect.events.worker import EventsWorker
 
 from blocks import GcpTarget, ServingProfile
 from flows.promote import promote_model
@@ -199,6 +201,74 @@ def test_a_runtime_token_reaches_the_service_only_through_secret_manager(sb, flo
         if r["method"] in WRITES and not r["path"].endswith(":testIamPermissions")  # a POST that only reads
     ]
     assert writes == []  # no new secret version, no policy edit, no revision
+
+
+def _task_run_names(flow_run_id, last: str) -> list[str]:
+    """The flow run's task runs in the order they started, without the ``-abc`` Prefect may add to default names,
+    once the run's ``last`` task run has reached the API (task runs are recorded from events, asynchronously)."""
+
+    async def read() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+                sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+            )
+        return [re.sub(r"-[0-9a-f]{3}$", "", run.name) for run in runs]
+
+    EventsWorker.drain_all()
+    names: list[str] = []
+
+    def recorded() -> bool:
+        names[:] = asyncio.run(read())
+        return last in names
+
+    wait_until(recorded, 30, f"task run {last} of flow run {flow_run_id}")
+    return names
+
+
+def _between(names: list[str], first: str, last: str) -> list[str]:
+    return names[names.index(first) + 1 : names.index(last)]
+
+
+def test_the_run_graph_shows_one_task_run_per_infrastructure_resource(sb, flow_env, service, tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY . /app\n")
+    (tmp_path / "app.py").write_text(f"print({service!r})\n")
+    profile = f"{service}-infra"
+    build = {"source_dir": str(tmp_path), "image_name": service}
+    ServingProfile.preset("l4", image=None, build=build, hf_token_at_runtime=True).save(profile)
+    state = promote(service, profile=profile, return_state=True)
+    assert state.result().outcome == "promoted"
+    names = _task_run_names(state.state_details.flow_run_id, "run_ensure_invokers")
+    infrastructure = _between(names, "hf_resolve_model", "stage sandbox/tiny-chat@main")
+    assert infrastructure == [
+        "gcs_ensure_bucket",
+        "artifactregistry_ensure_repository",
+        "gcs_ensure_build_bucket",
+        "compute_ensure_network",
+        "compute_ensure_subnet",
+        "iam_ensure_service_account",
+        f"iam_check_act_as {flow_env.service_account_email}",
+        "gcs_grant_object_viewer",
+        "iam_ensure_build_service_account",
+        "gcs_grant_build_bucket_admin",
+        "artifactregistry_grant_build_writer",
+        "gcs_revoke_build_model_bucket_roles",
+        f"iam_check_act_as {flow_env.build_service_account_email}",
+        "secretmanager_ensure_hf_token",
+        "secretmanager_grant_accessor",
+    ]
+    since = sb.last_request_seq()
+    again = promote(service, profile=profile, return_state=True)
+    assert again.result().outcome == "unchanged"
+    writes = [
+        f"{r['method']} {r['path']}"
+        for r in sb.requests("control", since=since)
+        if r["method"] in WRITES and not r["path"].endswith(":testIamPermissions")  # a POST that only reads
+    ]
+    assert writes == []  # every resource found as it is: no create, no policy edit, no secret version, no build
+    assert names[-1] == "run_ensure_invokers"  # after the promotion, the service's invokers: a task run too
+    again_names = _task_run_names(again.state_details.flow_run_id, "run_ensure_invokers")
+    assert _between(again_names, "hf_resolve_model", "stage sandbox/tiny-chat@main") == infrastructure
 
 
 def test_promotions_of_two_services_run_side_by_side(sb, flow_env):
