@@ -10,7 +10,6 @@ faults, forced Cloud Build outcomes); product code is never patched.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import json
@@ -29,8 +28,6 @@ import pytest
 from google.api_core.exceptions import NotFound
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.client.schemas.sorting import ArtifactSort
 from prefect.settings import PREFECT_API_URL
 
 from blocks import ServingProfile
@@ -41,6 +38,7 @@ from tasks import clients, infra
 from tasks.probe import VerifyOptions
 from tasks.report import PromotionReport
 from tasks.staging import MANIFEST, commit_prefix
+from tests.support.artifacts import report_artifact
 from tests.support.identity import bearer
 from tests.support.locks import lock_slots, wait_until
 
@@ -87,18 +85,6 @@ def answering_revision(service_url: str) -> str:
     response = httpx.post(f"{service_url}/v1/chat/completions", headers=bearer(service_url), json=CHAT, timeout=30)
     response.raise_for_status()
     return response.headers["x-sandbox-revision"]
-
-
-def report_artifact(service: str) -> str:
-    async def read() -> str:
-        async with get_client() as client:
-            found = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"promotion-{service}"])),
-                sort=ArtifactSort.CREATED_DESC,
-            )
-        return found[0].data if found else ""
-
-    return asyncio.run(read())
 
 
 def hub_files(sb, repo_id: str, revision: str) -> dict[str, dict]:

@@ -7,13 +7,13 @@ import itertools
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
-from prefect.client.schemas.sorting import ArtifactSort
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.logging.handlers import APILogWorker
 
 from blocks import ServingProfile
 from flows.promote import promote_model
 from tasks.probe import VerifyOptions
+from tests.support.artifacts import report_artifact
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()
@@ -31,18 +31,6 @@ def _promote(**kwargs):
     return params["service"], promote_model(**params, return_state=True)
 
 
-def _report(service: str) -> str:
-    async def read():
-        async with get_client() as client:
-            found = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"promotion-{service}"])),
-                sort=ArtifactSort.CREATED_DESC,
-            )
-        return found[0].data if found else ""
-
-    return asyncio.run(read())
-
-
 def _logs(flow_run_id) -> list[tuple[int, str]]:
     APILogWorker.drain_all()  # logs reach the API in batches
 
@@ -57,7 +45,7 @@ def test_a_preflight_refusal_reports_every_finding_with_its_fix(sb, flow_env):
     ServingProfile.preset("l4", max_instances=5, concurrency=8).save("rh-two-problems", overwrite=True)
     service, state = _promote(profile="rh-two-problems")
     assert state.is_failed()
-    report = _report(service)
+    report = report_artifact(service)
     assert "NOT promoted" in report
     assert "preflight found 2 problems to fix first: " in report
     for setting, fix in [
