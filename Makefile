@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 # The demo's run history lives in the repo folder, so `make ui` shows it.
 DEMO_PREFECT = PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
 
-.PHONY: demo test lint sandbox ui clean
+.PHONY: demo test lint sandbox ui ui-check clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ demo: $(BIN)/.installed
 
 ui: $(BIN)/.installed
 	$(DEMO_PREFECT) $(BIN)/prefect server start
+
+# The real-browser check (tests/browser): replays the demo, serves its history with `prefect server start` and
+# opens the run, its report, the refusal's report and the logs in Debian's chromium; screenshots in .ui-check/.
+ui-check: $(BIN)/.installed
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; \
+	  else echo "ui-check needs Debian's chromium at /usr/bin/chromium: sudo apt-get install -y chromium" >&2; exit 1; fi; }
+	$(BIN)/python -m pip install --quiet -e '.[dev,ui]'
+	UI_CHECK=1 $(BIN)/python -m pytest -q tests/browser
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

@@ -26,7 +26,7 @@ import httpx
 from blocks import ServingProfile
 from sandbox.serving import free_port
 
-SPEC = Path(__file__).resolve().parent.parent / "deployments" / "tiny-chat.yaml"
+SPEC = Path(__file__).resolve().parent.parent / "deployments" / "sandbox" / "tiny-chat.yaml"
 # The container contract of sandbox/vllm: an L4 instance running an image built for its CUDA.
 STANDIN_ENV = {
     "PORT": "8080",

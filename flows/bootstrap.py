@@ -1,42 +1,290 @@
-"""Create the blocks the deployments use for a real project: `python -m flows.bootstrap gcp --project P --region R`.
+"""Set up Prefect for a project, once and again (idempotent): `python -m flows.bootstrap gcp --project P --region R`.
 
-It saves a GcpTarget with Google's endpoints and Application Default Credentials, and, if HF_TOKEN is set, a
-Secret block holding it. (A running sandbox's blocks: `python -m sandbox blocks DIR`.)
+`gcp` registers the block types, saves the GcpTarget (Google's endpoints unless `--endpoints`), a prefect-gcp
+GcpCredentials block (Application Default Credentials, or `--key-file`) and, when HF_TOKEN is set, the Hub token
+as a Secret block; it creates the work pool the deployments use (`process`, or prefect-gcp's `cloud-run-v2` with
+its base job template filled in, optionally with a worker image built by Cloud Build), deploys, and prints the
+next command. `deploy` only redeploys (after a model file changed). A running sandbox's blocks come from
+`python -m sandbox blocks DIR` instead of `gcp`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
+import yaml
+from google.auth.exceptions import DefaultCredentialsError
+from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+from prefect.exceptions import ObjectNotFound
+from prefect_gcp import GcpCredentials
 
 from blocks import GcpTarget, ModelSource, ServingProfile
+from blocks.target import ApiEndpoints
+from flows.common import DEFAULT_TARGET
+from flows.project import PROJECT_DIR
+
+POOL_TYPES = ("process", "cloud-run-v2")
+TOKEN_BLOCK = "hf-token"
+CREDENTIALS_BLOCK = "pipeline"
 
 
 def register_block_types() -> None:
-    for block in (GcpTarget, ServingProfile, ModelSource):
+    """Our blocks and prefect-gcp's credentials in the UI's block catalogue."""
+    for block in (GcpTarget, ServingProfile, ModelSource, GcpCredentials):
         block.register_type_and_schema()
 
 
+def _values(data: Any) -> Any:
+    # A dump carries the document's id and name (`_block_document_id`, ...): a new block has none yet.
+    if isinstance(data, dict):
+        return {key: _values(value) for key, value in data.items() if not key.startswith("_")}
+    return [_values(item) for item in data] if isinstance(data, list) else data
+
+
+def _comparable(block: Block) -> dict[str, Any]:
+    """A block's values, secrets included, for telling "unchanged" from "updated" (never printed)."""
+    dumped = block.model_dump(mode="json", context={"include_secrets": True})
+    return _values(json.loads(json.dumps(dumped, default=str)))
+
+
+def save_block(block: Block, name: str) -> str:
+    """Save ``block`` as ``name``: "created", "updated", or "unchanged" when the saved one has the same values."""
+    try:
+        current = type(block).load(name, validate=False)
+    except ValueError:
+        current = None
+    if current is not None and _comparable(current) == _comparable(block):
+        block._block_document_id = current._block_document_id  # later saves nest it by reference
+        return "unchanged"
+    block.save(name, overwrite=True)
+    return "created" if current is None else "updated"
+
+
+def pipeline_pool(prefect_file: Path) -> str:
+    """The work pool the prefect file's deployments run on (`definitions.work_pools.pipeline`)."""
+    definitions = yaml.safe_load(prefect_file.read_text()).get("definitions") or {}
+    try:
+        return definitions["work_pools"]["pipeline"]["name"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{prefect_file}: definitions.work_pools.pipeline.name is missing") from None
+
+
+def _endpoints(path: str | None) -> ApiEndpoints | None:
+    if not path:
+        return None
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--endpoints: {path} does not exist") from None
+    return ApiEndpoints.model_validate(data)
+
+
+def _credentials(key_file: str | None) -> GcpCredentials:
+    """ADC when no key file (the identity `gcloud auth application-default login` or the worker's metadata
+    server gives); a key file's contents otherwise, so a worker elsewhere has them (stored as a secret)."""
+    if not key_file:
+        try:
+            return GcpCredentials()  # prefect-gcp looks the credentials up as it is made
+        except DefaultCredentialsError:
+            raise ValueError(
+                "no Application Default Credentials on this machine: run `gcloud auth application-default login` "
+                "(or run where a metadata server gives an identity), or give --key-file KEY.json"
+            ) from None
+    try:
+        info = json.loads(Path(key_file).read_text())
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--key-file: {key_file} is not a readable service account key file ({exc})") from None
+    if info.get("type") != "service_account":
+        raise ValueError(f"--key-file: {key_file} is not a service account key (type is {info.get('type')!r})")
+    return GcpCredentials(service_account_info=info)
+
+
+def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Namespace) -> str:
+    """The deployments' work pool, created or repaired; a Cloud Run pool gets our job variables as defaults."""
+    from tasks.work_pool import (
+        build_worker_image,
+        cloud_run_base_job_template,
+        ensure_work_pool,
+        runner_service_account,
+    )
+
+    template = None
+    if pool_type == "cloud-run-v2":
+        image = args.worker_image
+        if args.build_worker_image:
+            image = build_worker_image(target, PROJECT_DIR)
+            print(f"worker image: {image}")
+        if not image:
+            raise ValueError(
+                "--pool-type cloud-run-v2: the pool's jobs need the image that holds this project; give "
+                "--worker-image REF, or --build-worker-image to build ./Dockerfile with Cloud Build"
+            )
+        print(runner_account(target, args.worker_service_account or runner_service_account(target)))
+        # A key file's block is referenced, so each job gets it; with ADC the worker's own identity is the same
+        # thing, and a reference to an ADC block is refused: the server checks the defaults with the block's secrets
+        # obfuscated, and its empty service_account_info becomes '********' (422 on Prefect 3.9.1).
+        template = cloud_run_base_job_template(
+            target, image, service_account=args.worker_service_account,
+            credentials_block=args.credentials_block if args.key_file else None,
+        )  # fmt: skip
+    return ensure_work_pool(name, pool_type, template)
+
+
+def runner_account(target: GcpTarget, email: str) -> str:
+    """The identity the pool's jobs run as: made when it belongs to the project and is missing, and the roles it
+    needs, as the commands that grant them (granting project roles is the project owner's call, not ours)."""
+    from tasks.infra import get_or_create_service_account
+    from tasks.permissions import DEPLOYER_ROLES, grant_command
+
+    lines = []
+    if email.endswith(f"@{target.project}.iam.gserviceaccount.com"):
+        result = get_or_create_service_account(
+            target, email.split("@")[0], email, display_name="Prefect flow runs (hf-cloudrun-pipeline)",
+            description="Runs the pipeline's flows as Cloud Run jobs of its Prefect work pool",
+        )  # fmt: skip
+        lines.append(f"service account {email}: {result.action}")
+    lines.append(f"the pool's jobs run as {email}; it needs the deployer roles (README, 'Roles the deployer needs'):")
+    member = f"serviceAccount:{email}"
+    lines += [f"  {grant_command(target.project, need.role, member)}" for need in DEPLOYER_ROLES
+              if not need.when.startswith("doctor")]  # fmt: skip
+    return "\n".join(lines)
+
+
+def _pool_type(name: str) -> str | None:
+    with get_client(sync_client=True) as client:
+        try:
+            return client.read_work_pool(name).type
+        except ObjectNotFound:
+            return None
+
+
+def deploy(prefect_file: Path) -> list[str]:
+    """`prefect --no-prompt deploy --all` for ``prefect_file``, then each schedule resumed when the GcpTarget its
+    deployment names exists, and left paused (with the reason) when it does not. Returns one line per schedule
+    decision."""
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)],
+        cwd=PROJECT_DIR, capture_output=True, text=True, env={**os.environ, "PREFECT_CLI_COLORS": "false"},
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError(f"prefect deploy failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return resume_schedules(prefect_file)
+
+
+def _target_exists(client: Any, name: str) -> bool:
+    try:
+        client.read_block_document_by_name(name, block_type_slug=GcpTarget.get_block_type_slug())
+    except ObjectNotFound:
+        return False
+    return True
+
+
+def resume_schedules(prefect_file: Path) -> list[str]:
+    """The prefect file writes model schedules paused; resume those whose target block exists."""
+    entries = yaml.safe_load(prefect_file.read_text()).get("deployments") or []
+    scheduled = {d["name"]: d["entrypoint"] for d in entries if d.get("schedules")}
+    lines = []
+    with get_client(sync_client=True) as client:
+        found = client.read_deployments(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(scheduled)))
+        )
+        for deployment in found:
+            if scheduled.get(deployment.name) != deployment.entrypoint:
+                continue  # another project's deployment of the same name
+            target = (deployment.parameters or {}).get("target", DEFAULT_TARGET)
+            active = _target_exists(client, target)
+            for schedule in deployment.schedules:
+                if schedule.active != active:
+                    # The parameters go along: on Prefect 3.9.1 a PATCH with only `active` stores the schedule's
+                    # parameters as {} (seen in tests/e2e/test_deployments.py), and min_instances would be lost.
+                    client.update_deployment_schedule(
+                        deployment.id, schedule.id, active=active, parameters=schedule.parameters
+                    )
+            state = "active" if active else f"paused: no GcpTarget block '{target}' (create it with bootstrap gcp)"
+            lines.append(f"{deployment.name}: {len(deployment.schedules)} schedules {state}")
+    return sorted(lines)
+
+
+def _gcp(args: argparse.Namespace) -> int:
+    prefect_file = PROJECT_DIR / "prefect.yaml"
+    register_block_types()
+    credentials = _credentials(args.key_file)
+    print(f"GcpCredentials '{args.credentials_block}': {save_block(credentials, args.credentials_block)}")
+    target = GcpTarget(
+        project=args.project, region=args.region, invokers=args.invoker, endpoints=_endpoints(args.endpoints),
+        gcp_credentials=credentials,
+    )  # fmt: skip
+    print(f"GcpTarget '{args.name}' ({target.project}/{target.region}): {save_block(target, args.name)}")
+    if os.environ.get("HF_TOKEN"):
+        action = save_block(Secret(value=os.environ["HF_TOKEN"]), TOKEN_BLOCK)
+        print(f"Secret '{TOKEN_BLOCK}' (from HF_TOKEN): {action}")
+    else:
+        print(f"no HF_TOKEN: gated models need a token; save one with `prefect block create secret` as '{TOKEN_BLOCK}'")
+    pool = pipeline_pool(prefect_file)
+    print(f"work pool '{pool}' ({args.pool_type}): {ensure_pool(pool, args.pool_type, target, args)}")
+    if args.no_deploy:
+        return 0
+    for line in deploy(prefect_file):
+        print(f"schedule {line}")
+    print("\nnext:")
+    print(f"  prefect deployment run promote-model/promote -p model=google/gemma-4-E2B-it -p target={args.name} "
+          f"-p token_secret_block={TOKEN_BLOCK}")  # fmt: skip
+    if args.pool_type == "process":
+        print(f"  prefect worker start --pool {pool}")
+    else:
+        print(
+            f"  prefect worker start --pool {pool} --type cloud-run-v2   (anywhere; each run becomes a Cloud Run job)"
+        )
+    return 0
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    prefect_file = (PROJECT_DIR / args.prefect_file).resolve()
+    pool = pipeline_pool(prefect_file)
+    if _pool_type(pool) is None:
+        from tasks.work_pool import ensure_work_pool
+
+        print(f"work pool '{pool}' (process): {ensure_work_pool(pool, 'process', None)}")
+    for line in deploy(prefect_file):
+        print(f"schedule {line}")
+    print(f"\nnext: prefect worker start --pool {pool}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.bootstrap", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m flows.bootstrap", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = parser.add_subparsers(dest="kind", required=True)
-    gcp = sub.add_parser("gcp", help="blocks for a real project")
+    gcp = sub.add_parser("gcp", help="blocks, work pool and deployments for a real project")
     gcp.add_argument("--project", required=True)
     gcp.add_argument("--region", required=True)
-    gcp.add_argument("--name", default="production", help="GcpTarget block name")
+    gcp.add_argument("--name", default=DEFAULT_TARGET, help="GcpTarget block name (default: %(default)s)")
     gcp.add_argument("--invoker", action="append", default=[], help="principal allowed to call services")
+    gcp.add_argument("--key-file", help="service account key file; default: Application Default Credentials")
+    gcp.add_argument("--credentials-block", default=CREDENTIALS_BLOCK, help="GcpCredentials block name")
+    gcp.add_argument("--endpoints", help="YAML/JSON file of API base URLs (Private Service Connect, an emulator)")
+    gcp.add_argument("--pool-type", choices=POOL_TYPES, default="process", help="work pool type (default: process)")
+    gcp.add_argument("--worker-image", help="cloud-run-v2: the image that holds this project")
+    gcp.add_argument("--build-worker-image", action="store_true", help="cloud-run-v2: build ./Dockerfile first")
+    gcp.add_argument("--worker-service-account", help="cloud-run-v2: the identity flow runs have")
+    gcp.add_argument("--no-deploy", action="store_true", help="stop before `prefect deploy`")
+    redeploy = sub.add_parser("deploy", help="deploy a prefect file and resume its schedules whose target exists")
+    redeploy.add_argument("--prefect-file", default="prefect.yaml", help="relative to the project folder")
     args = parser.parse_args(argv)
-    register_block_types()
-    target = GcpTarget(project=args.project, region=args.region, invokers=args.invoker)
-    target.save(args.name, overwrite=True)
-    print(f"saved GcpTarget '{args.name}' ({target.project}/{target.region}, bucket gs://{target.bucket_name})")
-    if os.environ.get("HF_TOKEN"):
-        Secret(value=os.environ["HF_TOKEN"]).save("hf-token", overwrite=True)
-        print("saved Secret 'hf-token' from HF_TOKEN; name it in token_secret_block")
-    return 0
+    try:
+        return _gcp(args) if args.kind == "gcp" else _deploy(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

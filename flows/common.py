@@ -24,6 +24,8 @@ from blocks.target import GcpTarget
 M = TypeVar("M", bound=BaseModel)
 B = TypeVar("B", bound=Block)
 LOCK_LEASE_S = 60  # the server accepts no shorter lease
+# The GcpTarget block a run uses when none is named: the one `python -m flows.bootstrap gcp` saves by default.
+DEFAULT_TARGET = "production"
 SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_block", "hub_endpoint",
              "allow_patterns", "ignore_patterns", "image", "build", "load_mode", "schedule"}  # fmt: skip
 
@@ -97,7 +99,7 @@ def read_spec(path: str | None) -> dict:
     except FileNotFoundError:
         raise ValueError(
             f"spec_file: {path} does not exist; give the path of a model file in deployments/, relative to the "
-            "project folder (e.g. deployments/tiny-chat.yaml)"
+            "project folder (e.g. deployments/gemma-4-e2b.yaml)"
         ) from None
     unknown = sorted(set(data) - SPEC_KEYS)
     if unknown:

@@ -18,7 +18,7 @@ from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
-from flows.common import emit, load_profile, load_target, read_spec, service_lock, validated
+from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
 from flows.doctor import check_project
 from tasks import access, act_as, build_identity, clients, infra
 from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
@@ -164,14 +164,14 @@ def promote_model(
     gives one: `image` (a pinned prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a
     recipe, with the OOM ladder). `dry_run` stops after preflight and rendering and shows the plan, the gcloud
     equivalent and the Cloud Build YAML. `spec_file` (a file in deployments/) supplies any parameter not given;
-    without either, revision is main, profile l4, target sandbox. The report's cost assumes the file's business
+    without either, revision is main, profile l4, target production. The report's cost assumes the file's business
     hours (`schedule:`, default 55 h a week) unless `warm_hours_per_week` is given.
     """
     spec = read_spec(spec_file)
     model = model or spec.get("model")
     if not model:
         raise ValueError("model: give a Hub repo id (e.g. google/gemma-4-E2B-it) or a spec_file with one")
-    gcp = load_target(target or spec.get("target", "sandbox"))
+    gcp = load_target(target or spec.get("target", DEFAULT_TARGET))
     service_id = service or spec.get("service") or service_id_for(model)
     # From here on a failure has a service to report on: the report and the failure event go out with it.
     report = PromotionReport(
@@ -297,13 +297,26 @@ def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id
 
 
 def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
-    """The report and a link as artifacts, and an event automations can act on."""
+    """The report and links (service URL, Cloud Run console, Cloud Build log) as artifacts, and an event automations
+    can act on."""
     create_markdown_artifact(
         report.markdown(), key=artifact_key(f"promotion-{service_id}"), description=f"promotion of {report.model}"
     )
     if report.service_url:
         create_link_artifact(
             report.service_url, link_text=f"{service_id} service URL", key=artifact_key(f"service-{service_id}")
+        )
+    if report.outcome != "dry-run":  # a dry run created nothing to look at in the console
+        create_link_artifact(
+            report.console_url,
+            link_text=f"{service_id} revisions in the Cloud Run console",
+            key=artifact_key(f"console-{service_id}"),
+        )
+    if report.build_log_url:  # the build of this run's image (or its last failed attempt)
+        create_link_artifact(
+            report.build_log_url,
+            link_text=f"Cloud Build log of {report.attempts[-1].build_id}",
+            key=artifact_key(f"build-log-{service_id}"),
         )
     event = "model.promotion_failed" if report.outcome == "failed" else "model.promoted"
     if report.outcome != "dry-run":

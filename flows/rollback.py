@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import emit, load_target, service_lock
+from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
 from tasks.cloudrun import Rollback, run_rollback
 
 
 @flow(name="rollback-model", log_prints=True)
-def rollback_model(service: str, to_revision: str | None = None, target: str = "sandbox") -> Rollback:
+def rollback_model(service: str, to_revision: str | None = None, target: str = DEFAULT_TARGET) -> Rollback:
     """Move 100 % of the service's traffic to ``to_revision`` or the newest ready revision before the current one.
 
     Staged weights stay in the bucket per commit, so the older revision serves its own weights again.

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import emit, load_target, service_lock
+from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
 from tasks.cloudrun import Scaling, run_scale_service
 
 
 @flow(name="scale-service", log_prints=True)
 def scale_service(
-    service: str, min_instances: int, max_instances: int | None = None, target: str = "sandbox"
+    service: str, min_instances: int, max_instances: int | None = None, target: str = DEFAULT_TARGET
 ) -> Scaling:
     """Set min (0 = scale to zero) and optionally max instances; traffic and revisions are left alone.
 

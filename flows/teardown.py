@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import emit, load_target, service_lock
+from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
 from tasks.build_identity import iam_delete_build_service_account
 from tasks.gcp import EnsureResult
 from tasks.subnet_hold import SubnetHold, prefect_schedule_network_retry
@@ -22,7 +22,7 @@ from tasks.teardown import (
 @flow(name="teardown", log_prints=True)
 def teardown(
     service: str,
-    target: str = "sandbox",
+    target: str = DEFAULT_TARGET,
     network: bool = False,
     service_account: bool = False,
     secret: bool = False,

@@ -18,7 +18,7 @@ import httpx
 from sandbox.handle import SandboxHandle
 from sandbox.metadata import point_google_auth_at
 
-SPEC = Path(__file__).resolve().parent.parent / "deployments" / "tiny-chat.yaml"
+SPEC = Path(__file__).resolve().parent.parent / "deployments" / "sandbox" / "tiny-chat.yaml"
 
 
 def _step(text: str) -> None:
@@ -60,7 +60,7 @@ def run_demo(state_dir: Path) -> int:
         print(f"    blocks saved: GcpTarget 'sandbox' ({target.project}/{target.region}), Secret 'sandbox-hf-token'")
         verify = VerifyOptions(health_period_s=0.2)
 
-        _step(f"promote-model with {SPEC.relative_to(SPEC.parent.parent)} (sandbox/tiny-chat on an L4 profile)")
+        _step(f"promote-model with {SPEC.relative_to(SPEC.parents[2])} (sandbox/tiny-chat on an L4 profile)")
         first = promote_model(spec_file=str(SPEC), verify=verify)
         print(f"    {first.outcome}: revision {first.serving_revision} serves {first.traffic}")
         print(f"    service URL: {first.service_url}")
@@ -89,12 +89,16 @@ def run_demo(state_dir: Path) -> int:
         print(f"    {second.outcome} in {time.monotonic() - again_started:.1f} s: weights already staged "
               f"(no-op: {second.staging.noop if second.staging else '-'}), no new revision")  # fmt: skip
 
-        _step("promote-model with the generic vllm/vllm-openai image on the L4 (seed 000's failure)")
+        _step("promote-model with two mistakes: the generic vllm/vllm-openai image on the L4 (seed 000's failure) "
+              "and a service name Cloud Run refuses")  # fmt: skip
         _quiet_console(logging.CRITICAL)  # the refusal printed below is the point here
         try:
-            promote_model(spec_file=str(SPEC), image="vllm/vllm-openai:v0.33.0", verify=verify)
+            promote_model(spec_file=str(SPEC), image="vllm/vllm-openai:v0.33.0", service="tiny_chat_v2", verify=verify)
         except PreflightError as exc:
-            print("    refused before any cloud call:\n      " + str(exc).splitlines()[1][:200])
+            # Every finding, each with its fix; the run's report in the UI lists them the same way.
+            print("    refused before any cloud call:")
+            for line in str(exc).splitlines()[1:]:
+                print(f"      {line[:160]}")
 
     print(f"\nDone in {time.monotonic() - started:.0f} s. Run history, reports and artifacts: `make ui`, then open "
           "http://127.0.0.1:4200 (flow runs -> promote-model).")  # fmt: skip

@@ -29,6 +29,7 @@ from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
+from tasks.build_context import context_files
 from tasks.build_identity import BUILD_BUCKET_ROLE
 from tasks.gcp import CREATE_RETRY, GCP_RETRY, gcp_errors, wait_for
 from tasks.images import (
@@ -60,16 +61,20 @@ KNOWN_FIXES = {
 SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
-class ImageBuildError(RuntimeError):
-    """A build that retrying with fewer jobs cannot fix; the message carries the log URL and its tail."""
-
-
 class BuildAttempt(BaseModel):
     max_jobs: int
     build_id: str
     status: str
     log_url: str
     seconds: float
+
+
+class ImageBuildError(RuntimeError):
+    """A build that retrying with fewer jobs cannot fix; the message carries the log URL and its tail."""
+
+    def __init__(self, message: str, attempts: list[BuildAttempt] | None = None) -> None:
+        super().__init__(message)
+        self.attempts = list(attempts or [])  # what the report lists and links to, each with its log
 
 
 class ImageResult(BaseModel):
@@ -105,7 +110,7 @@ def resolve_git_ref(url: str, ref: str) -> str:
 def source_digest(build: ImageBuild) -> str:
     folder = check_local_source(build)
     if folder is not None:
-        return f"tree:{tree_digest(folder)}"
+        return f"tree:{tree_digest(folder, build.dockerfile)}"
     assert build.git_url and build.git_ref
     return f"git:{build.git_url}@{resolve_git_ref(build.git_url, build.git_ref)}"
 
@@ -132,7 +137,8 @@ def upload_source(target: GcpTarget, build: ImageBuild, plan: BuildPlan) -> bool
         folder = check_local_source(build) or _clone(build, Path(scratch) / "src")
         archive = Path(scratch) / "source.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
-            for path in sorted(folder.rglob("*")):
+            # Only what docker's build context carries: a project's .venv and caches never reach the image anyway.
+            for path in context_files(folder, build.dockerfile):
                 tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
         blob.upload_from_filename(str(archive), content_type="application/gzip")
     return True
@@ -253,7 +259,8 @@ def build_image(
     plan = build_plan(target, build, tag)
     upload_source(target, build, plan)
     attempts: list[BuildAttempt] = []
-    for max_jobs in build.ladder:
+    ladder = build.ladder
+    for number, max_jobs in enumerate(ladder, 1):
         started = time.monotonic()
         finished = attempt(target, build, plan, max_jobs)
         status = Status(finished.status)
@@ -267,23 +274,39 @@ def build_image(
             )
         )
         if status == Status.SUCCESS:
+            _log_attempt(number, ladder, attempts[-1], "success")
             digest = next((i.digest for i in finished.results.images if i.digest), "")
             image = f"{plan.image}@{digest}" if digest else plan.tagged
             log.info("built %s with max_jobs=%d after %d attempt(s)", image, max_jobs, len(attempts))
             return ImageResult(image=image, tag=tag, strategy="build", reused=False, attempts=attempts)
         tail = _log_tail(target, finished)
         if not _is_oom(status, tail):
-            raise ImageBuildError(_failure_message(plan, finished, status, tail))
-        log.warning(
-            "build %s ended %s with max_jobs=%d (the builder ran out of memory); trying fewer jobs",
-            finished.id,
-            status.name,
-            max_jobs,
+            _log_attempt(number, ladder, attempts[-1], "failure (not out of memory: no retry)")
+            raise ImageBuildError(_failure_message(plan, finished, status, tail), attempts)
+        rest = ladder[number:]
+        _log_attempt(
+            number, ladder, attempts[-1], f"OOM -> next rung max_jobs={rest[0]}" if rest else "OOM, no rung left"
         )
     raise ImageBuildError(
         f"building {plan.tagged} ran out of memory at every max_jobs down to the floor "
         f"({', '.join(str(a.max_jobs) for a in attempts)}): lower build.max_jobs_floor, or use a machine with more "
-        f"RAM per core than {build.machine_type}. Last log: {attempts[-1].log_url}"
+        f"RAM per core than {build.machine_type}. Last log: {attempts[-1].log_url}",
+        attempts,
+    )
+
+
+def _log_attempt(number: int, ladder: list[int], done: BuildAttempt, outcome: str) -> None:
+    """One INFO line per ladder rung in the run's logs: which attempt, its build, what came of it and how long."""
+    run_logger().info(
+        "build attempt %d of %d: max_jobs=%d, build %s: %s (%s) in %.1f s; log: %s",
+        number,
+        len(ladder),
+        done.max_jobs,
+        done.build_id,
+        outcome,
+        done.status,
+        done.seconds,
+        done.log_url,
     )
 
 

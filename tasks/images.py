@@ -24,6 +24,7 @@ from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
 from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
+from tasks.build_context import context_files
 
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 GENERIC_VLLM_IMAGE = re.compile(r"^(docker\.io/)?vllm/vllm-openai([:@]|$)")
@@ -57,10 +58,12 @@ def image_repo_uri(target: GcpTarget, build: ImageBuild) -> str:
     return f"{repository_host(target)}/{build.image_name}"
 
 
-def tree_digest(folder: Path) -> str:
-    """sha256 over every file's path, executable bit and content; .git is left out (its bookkeeping churns)."""
+def tree_digest(folder: Path, dockerfile: str = "Dockerfile") -> str:
+    """sha256 over the path, executable bit and content of every file the build context carries (its
+    .dockerignore applied, tasks/build_context.py); .git is left out (its bookkeeping churns)."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and ".git" not in p.relative_to(folder).parts):
+    files = context_files(folder, dockerfile)
+    for path in (p for p in files if p.is_file() and ".git" not in p.relative_to(folder).parts):
         mode = path.stat().st_mode
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
         digest.update(b"x" if mode & stat.S_IXUSR else b"-")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tasks.builds import ImageResult
+from tasks.builds import BuildAttempt, ImageBuildError, ImageResult
 from tasks.cost import CostEstimate
 from tasks.preflight import Finding, PreflightError
 from tasks.probe import Verification
@@ -45,6 +45,9 @@ class PromotionReport(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
     cost: CostEstimate | None = None
     steps: list[Step] = Field(default_factory=list)
+    build_attempts: list[BuildAttempt] = Field(
+        default_factory=list, description="The attempts of a build that failed (a built image carries its own)."
+    )
 
     @contextmanager
     def step(self, name: str):
@@ -67,35 +70,68 @@ class PromotionReport(BaseModel):
             plural = "s" if len(errors) != 1 else ""
             self.reason = f"preflight found {len(errors)} problem{plural} to fix first: {', '.join(errors)}"
         else:
+            if isinstance(exc, ImageBuildError):
+                self.build_attempts = list(exc.attempts)
             self.reason = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
 
     def markdown(self) -> str:
-        title = {
-            "promoted": "promoted",
-            "unchanged": "already serving (no change)",
-            "failed": "NOT promoted",
-            "dry-run": "dry run (nothing changed)",
-        }[self.outcome]
-        lines = [f"# {self.model}@{self.revision} on {self.service}: {title}", ""]
+        """The report as the UI shows it: the key figures on the first screen, the details below."""
+        lines = [f"# {self.model}@{self.revision} on {self.service}: {TITLES[self.outcome]}", ""]
         if self.reason:
             lines += [f"**Reason:** {self.reason}", ""]
         errors = [f for f in self.findings if f.severity == "error"]
         if errors:  # what to fix comes first on a refusal, each finding whole (its message ends with the fix)
             lines += ["**Fix these first:**", "", *[f"- {_md(f)}" for f in errors], ""]
+        lines += ["| | |", "|---|---|", *self._key_figures(), "", "## Details", "", "| | |", "|---|---|",
+                  *self._details()]  # fmt: skip
+        if self.steps:
+            lines += ["", "### Steps", "", "| step | seconds | ok |", "|---|---|---|"]
+            lines += [f"| {s.name} | {s.seconds:.2f} | {'yes' if s.ok else 'FAILED'} |" for s in self.steps]
+        warnings = [f for f in self.findings if f.severity != "error"]
+        if warnings:
+            lines += ["", "Preflight warnings:", *[f"- {_md(f)}" for f in warnings]]
+        return "\n".join(lines) + "\n"
+
+    # What a user looks for first: did it work, what serves, where, at what cost, and what took the time.
+    def _key_figures(self) -> list[str]:
         traffic = ", ".join(f"{rev} {pct} %" for rev, pct in self.traffic) or "no traffic (no serving revision)"
-        lines += [
-            "| | |",
-            "|---|---|",
-            f"| project / region | {self.project} / {self.region} |",
-            f"| commit | `{self.commit or '-'}` |",
+        serving = f"{self.serving_revision or '-'} (previous: {self.previous_revision or '-'})"
+        if self.serving_revision is None and self.traffic:  # a failed run: what served before still serves
+            serving = f"{', '.join(rev for rev, _ in self.traffic)} (unchanged by this run)"
+        rows = [
+            f"| outcome | {self._outcome()} |",
+            f"| serving revision | {serving} |",
             f"| traffic now | {traffic} |",
-            f"| serving revision | {self.serving_revision or '-'} (previous: {self.previous_revision or '-'}) |",
             f"| service URL | {self.service_url or '-'} |",
-            f"| candidate URL | {self.candidate_url or '-'} |",
         ]
+        if self.candidate_url:
+            rows.append(f"| candidate URL | {self.candidate_url} |")
+        if self.cost:
+            c = self.cost
+            rows.append(
+                f"| cost | ${c.hourly_usd:.2f}/h per instance; ${c.scheduled_monthly_usd:,.0f}/month at "
+                f"{c.warm_hours_per_week:.0f} warm h/week vs ${c.always_on_monthly_usd:,.0f} always on |"
+            )
+        if self.steps:
+            rows.append(f"| time | {_timing(self.steps)} |")
+        links = [f"[Cloud Run revisions]({self.console_url})"] if self.outcome != "dry-run" else []
+        if self.build_log_url:
+            links.append(f"[Cloud Build log]({self.build_log_url})")
+        if links:
+            rows.append(f"| console | {' · '.join(links)} |")
+        return rows
+
+    def _outcome(self) -> str:
+        if self.outcome != "failed":
+            return TITLES[self.outcome]
+        failed = next((s.name for s in self.steps if not s.ok), None)
+        return f"NOT promoted: the {failed} step failed" if failed else "NOT promoted"
+
+    def _details(self) -> list[str]:
+        rows = [f"| project / region | {self.project} / {self.region} |", f"| commit | `{self.commit or '-'}` |"]
         if self.staging:
             s = self.staging
-            lines += [
+            rows += [
                 f"| weights | {s.uri} |",
                 f"| staged | {s.files_uploaded} files / {s.bytes_uploaded / 1e6:.1f} MB uploaded, {s.files_skipped} "
                 f"files / {s.bytes_skipped / 1e6:.1f} MB already there{' (no-op)' if s.noop else ''}, "
@@ -105,33 +141,65 @@ class PromotionReport(BaseModel):
             ]
         if self.image:
             i = self.image
-            attempts = ", ".join(f"max_jobs={a.max_jobs}: {a.status}" for a in i.attempts) or "none"
-            lines += [
-                f"| image | `{i.image}` ({i.strategy}{', reused' if i.reused else ''}) |",
-                f"| build attempts | {attempts} |",
-            ]
+            rows.append(f"| image | `{i.image}` ({i.strategy}{', reused' if i.reused else ''}) |")
+        if self.attempts:
+            rows.append(f"| build attempts | {_attempts(self.attempts)} |")
         if self.verification:
             v = self.verification
-            lines.append(
+            rows.append(
                 f"| verification | healthy after {v.healthy_after_s:.1f} s, serves {', '.join(v.served_models)}, "
                 f"reply {v.reply[:60]!r} ({v.usage.get('completion_tokens', 0)} tokens) |"
             )
             if v.requests:
-                lines.append(f"| load test | {v.requests} requests: p50 {v.p50_ms} ms, p95 {v.p95_ms} ms, "
-                             f"{v.tokens_per_s} tokens/s |")  # fmt: skip
-        if self.cost:
-            c = self.cost
-            lines.append(
-                f"| cost | ${c.hourly_usd:.2f}/h per instance; ${c.scheduled_monthly_usd:,.0f}/month at "
-                f"{c.warm_hours_per_week:.0f} warm h/week vs ${c.always_on_monthly_usd:,.0f} always on |"
-            )
-        if self.steps:
-            lines += ["", "| step | seconds | ok |", "|---|---|---|"]
-            lines += [f"| {s.name} | {s.seconds:.2f} | {'yes' if s.ok else 'FAILED'} |" for s in self.steps]
-        warnings = [f for f in self.findings if f.severity != "error"]
-        if warnings:
-            lines += ["", "Preflight warnings:", *[f"- {_md(f)}" for f in warnings]]
-        return "\n".join(lines) + "\n"
+                rows.append(f"| load test | {v.requests} requests: p50 {v.p50_ms} ms, p95 {v.p95_ms} ms, "
+                            f"{v.tokens_per_s} tokens/s |")  # fmt: skip
+        return rows
+
+    @property
+    def console_url(self) -> str:
+        """The service's revisions in the Cloud Run console (the page Google's "Manage revisions" doc opens:
+        https://cloud.google.com/run/docs/managing/revisions, service -> Revisions tab)."""
+        return (
+            f"https://console.cloud.google.com/run/detail/{self.region}/{self.service}/revisions?project={self.project}"
+        )
+
+    @property
+    def build_log_url(self) -> str | None:
+        """The console log of the build that made the image (or of the last failed attempt): Cloud Build's own
+        ``Build.logUrl``, recorded per attempt. None when nothing was built."""
+        last = self.attempts[-1] if self.attempts else None
+        return last.log_url if last and last.log_url else None
+
+    @property
+    def attempts(self) -> list[BuildAttempt]:
+        """Every build attempt of the run, whether the build succeeded or not."""
+        return self.image.attempts if self.image else self.build_attempts
+
+
+TITLES: dict[str, str] = {
+    "promoted": "promoted",
+    "unchanged": "already serving (no change)",
+    "failed": "NOT promoted",
+    "dry-run": "dry run (nothing changed)",
+}
+
+
+def _timing(steps: list[Step]) -> str:
+    """All steps on one line, the total and the slowest first: where the time went, without scrolling."""
+    each = " · ".join(f"{s.name} {s.seconds:.1f} s{'' if s.ok else ' FAILED'}" for s in steps)
+    if len(steps) == 1:
+        return each
+    total = sum(s.seconds for s in steps)
+    slowest = max(steps, key=lambda s: s.seconds)
+    return f"{total:.1f} s in all, slowest {slowest.name} {slowest.seconds:.1f} s: {each}"
+
+
+def _attempts(attempts: list[BuildAttempt]) -> str:
+    """Each ladder rung: its max_jobs, outcome, time and a link to its build log."""
+    return "; ".join(
+        f"{n}. max_jobs={a.max_jobs}: {a.status} in {a.seconds:.1f} s" + (f" ([log]({a.log_url}))" if a.log_url else "")
+        for n, a in enumerate(attempts, 1)
+    )
 
 
 def _md(finding: Finding) -> str:

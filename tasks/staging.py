@@ -22,6 +22,7 @@ import httpx
 from google.api_core import exceptions as gexc
 from google.cloud import storage as gcs
 from prefect import task
+from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field, SecretStr
 
 from blocks.source import ModelSource
@@ -37,7 +38,7 @@ from tasks.hub import (
     resolve_model,
 )
 from tasks.logs import run_logger
-from tasks.progress import ByteProgress
+from tasks.progress import ByteProgress, artifact_key
 from tasks.selection import select_files
 
 MANIFEST = "_manifest.json"
@@ -102,6 +103,7 @@ class StagingResult(BaseModel):
     rate_limit_waits: int = Field(0, description="Waits the Hub asked for with 429.")
     other_retries: int = Field(0, description="Retries after 5xx or dropped connections.")
     seconds_waited: float = Field(0.0, description="Time spent waiting between Hub retries.")
+    uploaded_paths: list[str] = Field(default_factory=list, description="Files this run uploaded (not skipped).")
 
 
 def commit_prefix(target: GcpTarget, repo_id: str, commit: str) -> str:
@@ -375,6 +377,7 @@ def _result(
         rate_limit_waits=stats.rate_limited,
         other_retries=stats.other,
         seconds_waited=round(stats.waited_s, 2),
+        uploaded_paths=[f.path for f in uploaded],
     )
 
 
@@ -390,4 +393,28 @@ def hf_stage_model(
     The Hub token comes from the Prefect Secret block named here or in the source, else HF_TOKEN; it never
     appears in parameters, logs or artifacts.
     """
-    return stage_model(target, source, clients.hub_token(source, token_secret_block), options)
+    result = stage_model(target, source, clients.hub_token(source, token_secret_block), options)
+    _publish_staged_files(target, result)
+    return result
+
+
+def _publish_staged_files(target: GcpTarget, result: StagingResult) -> None:
+    """A table artifact of the commit's files as the manifest records them: what was uploaded, what was there."""
+    manifest = read_manifest(clients.storage(target).bucket(target.bucket_name), result.object_prefix)
+    if manifest is None:
+        return
+    uploaded = set(result.uploaded_paths)
+    rows = [
+        {
+            "path": f.path,
+            "MB": round(f.size / 1e6, 2),
+            "this run": "uploaded" if f.path in uploaded else "already there",
+            "sha256": f.sha256[:12],
+        }
+        for f in manifest.files
+    ]
+    create_table_artifact(
+        rows,
+        key=artifact_key(f"staged-files-{result.repo_id}"),
+        description=f"{result.repo_id}@{result.commit[:12]} in {result.uri}: {len(uploaded)} of {len(rows)} uploaded",
+    )

@@ -8,13 +8,17 @@ from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a p
 
 @pytest.fixture(scope="session")
 def flow_env(sandbox, prefect_api):
-    """Blocks for the sandbox saved, and the Hub stand-in as HF_ENDPOINT, as `python -m sandbox blocks` does."""
+    """Blocks for the sandbox saved (the GcpTarget as "sandbox" and as "production"), and the Hub stand-in as
+    HF_ENDPOINT, as `python -m sandbox blocks` does."""
     import os
     from pathlib import Path
 
     from sandbox.blocks import save_sandbox_blocks
 
     target = save_sandbox_blocks(Path(sandbox.info["state_dir"]))
+    # The flows' default target is "production" (what bootstrap saves): here the sandbox is that project, so a
+    # test that names no target runs against it, as a user's run would against theirs.
+    target.save("production", overwrite=True)
     previous = os.environ.get("HF_ENDPOINT")
     os.environ["HF_ENDPOINT"] = sandbox.hub_url
     yield target

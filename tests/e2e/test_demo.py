@@ -24,7 +24,8 @@ def test_the_demo_promotes_answers_repromotes_as_a_no_op_and_refuses_the_generic
     assert "without a token: HTTP 403" in out
     assert re.search(r"answer: '.+' \(\d+ tokens\)", out)
     assert "unchanged in" in out and "(no-op: True)" in out
-    assert "refused before any cloud call" in out and "vllm/vllm-openai" in out
+    refusal = out.split("refused before any cloud call:", 1)[1]
+    assert "error: image: vllm/vllm-openai" in refusal and "error: service: 'tiny_chat_v2'" in refusal  # both findings
     assert (tmp_path / "prefect-home").is_dir()  # the run history `make ui` shows
     # Each promote-model run keeps its INFO logs in the API's database: the UI's log tab is not empty although
     # the demo's console is quiet (read from the database `make ui` serves, which is what the UI lists).

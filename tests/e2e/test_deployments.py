@@ -12,60 +12,34 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from blocks import ServingProfile
 from flows.common import LOCK_LEASE_S
-from sandbox.serving import free_port
 from tasks import clients
 from tasks.staging import MANIFEST, commit_prefix
 from tests.support.locks import lock_slots
+from tests.support.prefect_server import prefect_server, run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
+SANDBOX_FILE = "sandbox/prefect.yaml"
 
 
 @pytest.fixture(scope="module")
 def server(sandbox, tmp_path_factory) -> Iterator[dict[str, str]]:
-    """A real `prefect server start` with its own database, and the environment a worker would have."""
+    """A real `prefect server start` with its own database, the sandbox's blocks, and the sandbox's example
+    deployed the way the demo and the tests do (sandbox/prefect.yaml; a real project deploys prefect.yaml)."""
     home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "HF_ENDPOINT": sandbox.hub_url,
-        # Expired concurrency leases are looked for every 2 s, not 15: the killed-run test waits for the lease.
-        "PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "2",
-    }
-    log = (home / "server.log").open("wb")
-    process = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                               env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            pytest.fail(f"prefect server did not start; see {home / 'server.log'}")
-        for command in (
-            [sys.executable, "-m", "sandbox", "blocks", sandbox.info["state_dir"]],
-            [PREFECT, "work-pool", "create", "local-process", "--type", "process"],
-            [PREFECT, "--no-prompt", "deploy", "--all"],
-        ):
-            subprocess.run(command, env=env, cwd=ROOT, check=True, capture_output=True)
+    # Expired concurrency leases are looked for every 2 s, not 15: the killed-run test waits for the lease.
+    with prefect_server(home, HF_ENDPOINT=sandbox.hub_url, PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS="2") as env:
+        run_command([sys.executable, "-m", "sandbox", "blocks", sandbox.info["state_dir"]], env)
+        deployed = run_command([sys.executable, "-m", "flows.bootstrap", "deploy", "--prefect-file", SANDBOX_FILE], env)
+        # The schedules come paused from the file and are resumed: their target block ("sandbox") exists.
+        assert "tiny-chat-hours: 3 schedules active" in deployed.stdout, deployed.stdout
         yield env
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
 
 
 def run_deployment(env: dict[str, str], name: str, *params: str) -> None:
@@ -73,7 +47,7 @@ def run_deployment(env: dict[str, str], name: str, *params: str) -> None:
     for param in params:
         args += ["-p", param]
     subprocess.run(args, env=env, cwd=ROOT, check=True, capture_output=True)
-    worker = subprocess.run([PREFECT, "worker", "start", "--pool", "local-process", "--run-once"],
+    worker = subprocess.run([PREFECT, "worker", "start", "--pool", "hf-pipeline", "--run-once"],
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert worker.returncode == 0, worker.stdout[-3000:] + worker.stderr[-3000:]
 
@@ -137,6 +111,7 @@ def test_schedules_are_stored_with_cron_time_zone_and_parameters(server):
     with client(server) as api:
         deployment = api.read_deployment_by_name("scale-service/tiny-chat-hours")
     schedules = {s.slug: s for s in deployment.schedules}
+    assert all(s.active for s in schedules.values())
     assert set(schedules) == {"tiny-chat-scale-up", "tiny-chat-scale-down-evening", "tiny-chat-scale-down-off-days"}
     up = schedules["tiny-chat-scale-up"]
     assert (up.schedule.cron, up.schedule.timezone, up.parameters) == (
@@ -160,7 +135,7 @@ def test_a_promotion_killed_holding_the_service_lock_does_not_block_the_next_run
     """A worker that dies mid-promotion (OOM-killed, node preempted) holds the per-service lock; nobody frees it,
     but its lease is renewed only while the run lives, so the server takes the slot back within LOCK_LEASE_S and
     the next run of the deployment goes ahead."""
-    params = {"spec_file": "deployments/tiny-chat.yaml", "verify": {"health_period_s": 0.05}}
+    params = {"spec_file": "deployments/sandbox/tiny-chat.yaml", "verify": {"health_period_s": 0.05}}
     log = tmp_path / "child.log"
     with log.open("w") as out:
         child = subprocess.Popen(

@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
 from tasks import clients
+from tests.support.cloud_run_job import key_file_block_data
 
 ROOT = Path(__file__).resolve().parents[2]
 # `python -m flows.bootstrap ARGS` with an audit hook that records every host the process resolves or connects to.
@@ -112,13 +113,20 @@ def test_bootstrap_for_a_real_project_saves_a_target_with_googles_endpoints(pref
         "GCE_METADATA_IP": "127.0.0.1:9",
     }
     reached_file = tmp_path / "reached.json"
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_WATCHING_THE_NETWORK, str(reached_file), "gcp", "--project", "acme-ml-prod",
-         "--region", "europe-west4", "--name", "bootstrap-real", "--invoker", "group:ml-apps@example.com"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    args = [sys.executable, "-c", RUN_WATCHING_THE_NETWORK, str(reached_file), "gcp", "--project", "acme-ml-prod",
+            "--region", "europe-west4", "--name", "bootstrap-real", "--invoker", "group:ml-apps@example.com",
+            "--credentials-block", "bootstrap-real", "--no-deploy"]  # fmt: skip
+    # No ADC here: refused naming both ways to give credentials, before anything is saved.
+    refused = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "gcloud auth application-default login" in refused.stderr and "--key-file" in refused.stderr
+    assert "GcpTarget" not in refused.stdout
+    key = tmp_path / "key.json"
+    key.write_text(json.dumps(key_file_block_data("acme-ml-prod")["service_account_info"]))
+    done = subprocess.run([*args, "--key-file", str(key)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "saved GcpTarget 'bootstrap-real' (acme-ml-prod/europe-west4" in done.stdout
+    assert "GcpTarget 'bootstrap-real' (acme-ml-prod/europe-west4): created" in done.stdout
     server = urlsplit(api_url)
     reached = {(host, int(port)) for host, port in json.loads(reached_file.read_text())}
     assert reached and reached <= {(server.hostname, server.port), ("localhost", server.port)}, reached
@@ -128,6 +136,7 @@ def test_bootstrap_for_a_real_project_saves_a_target_with_googles_endpoints(pref
     assert loaded.endpoints is None and all(
         clients.client_options(loaded, api) is None for api in ApiEndpoints.model_fields
     )
-    assert loaded.anonymous_credentials is False and loaded.gcp_credentials is None
+    assert loaded.anonymous_credentials is False
+    assert loaded.gcp_credentials.service_account_info.get_secret_value()["project_id"] == "acme-ml-prod"
     assert loaded.bucket_name == "acme-ml-prod-europe-west4-hf-model-cache"
     assert loaded.invokers == ["group:ml-apps@example.com"]

@@ -144,7 +144,7 @@ def new_repo(sb, name: str) -> str:
             id="weights-without-config",
         ),
         pytest.param({"profile": "a100"}, "profile: 'a100'", "preset (l4, rtx-pro-6000, cpu)", id="profile-unknown"),
-        pytest.param({"target": "production"}, "target:", "python -m flows.bootstrap", id="target-unknown"),
+        pytest.param({"target": "staging"}, "target:", "python -m flows.bootstrap", id="target-unknown"),
         pytest.param({"load_mode": "gcs"}, "load_mode", "'gcs-volume' or 'runai-streamer'", id="load-mode"),
         pytest.param(
             {"image": "vllm/vllm-openai:v0.33.0"}, "image", "set allow_generic_vllm_image", id="generic-image-on-l4"
@@ -484,7 +484,7 @@ def test_vllm_options_and_image_build_alone(sb):
     ],
 )
 def test_business_hours_in_a_model_file(sb, flow_env, tmp_path, schedule, field, fix):
-    spec = yaml.safe_load((ROOT / "deployments" / "tiny-chat.yaml").read_text())
+    spec = yaml.safe_load((ROOT / "deployments" / "sandbox" / "tiny-chat.yaml").read_text())
     spec["schedule"] = {**spec["schedule"], **schedule}
     path = tmp_path / "chat.yaml"
     path.write_text(yaml.safe_dump(spec))

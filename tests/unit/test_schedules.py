@@ -6,7 +6,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from flows.sync_deployments import ROOT, generated_block, model_deployments, synced
+from flows.sync_deployments import PREFECT_FILES, ROOT, generated_block, model_deployments, synced
 from tasks.schedules import WarmHours, parse_days
 
 
@@ -61,16 +61,29 @@ def test_bad_business_hours_name_the_field_and_the_fix(schedule, field, fix):
     assert field in str(caught.value) and fix in str(caught.value)
 
 
-def test_prefect_yaml_is_in_step_with_the_model_files():
-    current = (ROOT / "prefect.yaml").read_text()
-    assert synced(current, generated_block()) == current, "run `python -m flows.sync_deployments`"
-    deployments = {d["name"]: d for d in yaml.safe_load(current)["deployments"]}
-    assert deployments["tiny-chat"]["parameters"] == {"spec_file": "deployments/tiny-chat.yaml"}
-    assert [s["cron"] for s in deployments["tiny-chat-hours"]["schedules"]] == [
-        "0 8 * * 1-5",
-        "0 19 * * 1-5",
-        "0 8 * * 0,6",
-    ]
+@pytest.mark.parametrize("prefect_file", sorted(PREFECT_FILES), ids=lambda p: str(p.relative_to(ROOT)))
+def test_prefect_files_are_in_step_with_the_model_files(prefect_file):
+    current = prefect_file.read_text()
+    assert synced(current, generated_block(PREFECT_FILES[prefect_file])) == current, (
+        "run `python -m flows.sync_deployments`"
+    )
+
+
+def test_a_real_project_gets_the_real_models_and_the_sandbox_gets_its_example():
+    real = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    sandbox = {d["name"]: d for d in yaml.safe_load((ROOT / "sandbox" / "prefect.yaml").read_text())["deployments"]}
+    # The generic deployment takes any model by parameters; each model file has its own pair.
+    assert "parameters" not in real["promote"] and real["promote"]["entrypoint"] == "flows/promote.py:promote_model"
+    assert real["gemma-4-e2b"]["parameters"] == {"spec_file": "deployments/gemma-4-e2b.yaml"}
+    assert real["gemma-4-31b-hours"]["parameters"]["target"] == "production"
+    # Nothing of the sandbox's reaches prefect.yaml, and its example is in its own file.
+    assert not [n for n, d in real.items() if "sandbox" in str(d.get("parameters"))], real.keys()
+    assert sandbox["tiny-chat"]["parameters"] == {"spec_file": "deployments/sandbox/tiny-chat.yaml"}
+    crons = [s["cron"] for s in sandbox["tiny-chat-hours"]["schedules"]]
+    assert crons == ["0 8 * * 1-5", "0 19 * * 1-5", "0 8 * * 0,6"]
+    # Written paused: `python -m flows.bootstrap deploy` resumes them once their GcpTarget block exists.
+    schedules = [s for d in [*real.values(), *sandbox.values()] for s in d.get("schedules", [])]
+    assert schedules and all(s["active"] is False for s in schedules)
 
 
 def test_a_new_model_file_gets_its_deployments(tmp_path):
@@ -80,7 +93,9 @@ def test_a_new_model_file_gets_its_deployments(tmp_path):
         "model: google/gemma-4-E2B-it\nprofile: l4\ntarget: production\n"
         "schedule: {warm_from: '06:00', warm_until: '18:00', days: mon-fri, timezone: America/Chicago}\n"
     )
-    entries = yaml.safe_load(model_deployments(folder / "gemma.yaml", relative_to=tmp_path).replace("*local_pool", "x"))
+    entries = yaml.safe_load(
+        model_deployments(folder / "gemma.yaml", relative_to=tmp_path).replace("*pipeline_pool", "x")
+    )
     promote, hours = entries
     assert promote["parameters"] == {"spec_file": "deployments/gemma.yaml"}
     assert hours["parameters"] == {"service": "google-gemma-4-e2b-it", "target": "production", "min_instances": 0}
