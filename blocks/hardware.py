@@ -21,6 +21,11 @@ class GpuSpec:
     regions: frozenset[str]
     hourly_usd: float
     """GPU price per hour without zonal redundancy (us-central1, 2026-08)."""
+    compute_capability: tuple[int, int]
+    """CUDA compute capability (NVIDIA's CUDA GPUs list: L4 8.9, RTX PRO 6000 Blackwell 12.0); vLLM checks dtypes and
+    quantization kernels against it (tasks/vllm_rules.py)."""
+    per_instance: int = 1
+    """GPUs one Cloud Run instance gets: exactly one (FACTS.md), so vLLM parallelism cannot exceed 1."""
     launch_stage: LaunchStage = "GA"
     """Cloud Run launch stage of this GPU type: a preview (BETA) GPU needs the Service's ``launch_stage`` set to
     BETA, which is what ``gcloud beta run deploy`` does; without it Cloud Run refuses the deploy with 400 "The
@@ -37,6 +42,7 @@ GPUS: dict[str, GpuSpec] = {
             {"asia-southeast1", "asia-south1", "europe-west1", "europe-west4", "us-central1", "us-east4"}
         ),
         hourly_usd=0.672,
+        compute_capability=(8, 9),
     ),
     "nvidia-rtx-pro-6000": GpuSpec(
         memory_gb=96,
@@ -47,6 +53,7 @@ GPUS: dict[str, GpuSpec] = {
         # No published Cloud Run price found (FACTS.md); seed 001's "about $2.20/h" taken as the GPU's price,
         # which overestimates rather than hides cost.
         hourly_usd=2.20,
+        compute_capability=(12, 0),
         # Preview on Cloud Run ("GPU support for services": "Preview — NVIDIA RTX PRO 6000 Blackwell GPU"); seed 004
         # deploys it with `gcloud beta run deploy`. L4 has been GA since 2025-04-07 (Cloud Run release notes).
         launch_stage="BETA",

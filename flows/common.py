@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from prefect.blocks.core import Block
@@ -15,47 +16,120 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.events import emit_event
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from blocks.images import ImageBuild
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
+from tasks.schedules import WarmHours
 
 M = TypeVar("M", bound=BaseModel)
 B = TypeVar("B", bound=Block)
 LOCK_LEASE_S = 60  # the server accepts no shorter lease
 # The GcpTarget block a run uses when none is named: the one `python -m flows.bootstrap gcp` saves by default.
 DEFAULT_TARGET = "production"
-SPEC_KEYS = {"model", "revision", "profile", "target", "service", "token_secret_block", "hub_endpoint",
-             "allow_patterns", "ignore_patterns", "image", "build", "load_mode", "schedule"}  # fmt: skip
 
 
-def _problems(exc: ValidationError) -> str:
-    """The models' own messages (they name the field and the fix), without pydantic's framing or the input (it may
-    hold a pasted token)."""
-    return "; ".join(error["msg"].removeprefix("Value error, ") for error in exc.errors(include_input=False))
+class ModelSpec(BaseModel):
+    """A model file in deployments/: the promote-model parameters it may give. Unknown keys are refused at every
+    depth (``build:`` and ``schedule:`` too), so a misspelt key is an error rather than a silently ignored setting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    revision: str | None = None
+    profile: str | None = None
+    target: str | None = None
+    service: str | None = None
+    token_secret_block: str | None = None
+    hub_endpoint: str | None = None
+    allow_patterns: list[str] | None = None
+    ignore_patterns: list[str] | None = None
+    image: str | None = None
+    build: ImageBuild | None = None
+    load_mode: str | None = None
+    schedule: WarmHours | None = None
 
 
-def validated(model: type[M], data: dict) -> M:
-    """``model`` from ``data``, or a ValueError with the models' own messages."""
+SPEC_KEYS = set(ModelSpec.model_fields)
+
+
+def field_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
+    """pydantic's error location as the path a user writes: ``vllm.max_model_len``, ``allow_patterns[0]``."""
+    path = prefix
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path = f"{path}.{part}" if path else str(part)
+    return path
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (``ImageBuild | None`` -> ImageBuild), if any."""
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for m in map(_model_in, get_args(annotation)) if m is not None), None)
+
+
+def _keys_at(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> list[str]:
+    """The keys allowed at ``loc`` inside ``model`` (empty when the path leads somewhere not a model)."""
+    for part in loc:
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        model = _model_in(field.annotation) if field is not None else None
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _problem(error: Any, prefix: str, model: type[BaseModel] | None) -> str:
+    loc = tuple(error["loc"])
+    path = field_path(loc, prefix)
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        allowed = _keys_at(model, loc[:-1])
+        fix = f"; allowed: {allowed}" if allowed else "; remove it"
+        return f"{path}: unknown key '{loc[-1]}'{fix}"
+    leaf = next((str(part) for part in reversed(loc) if isinstance(part, str)), "")
+    if not path or (error["type"] == "value_error" and leaf and leaf in message):
+        return message  # our own validators' messages already name the field and the fix
+    return f"{path}: {message}"
+
+
+def _problems(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line per problem, each led by the field's full path (``vllm.max_model_len``, ``schedule.warm_from``),
+    without pydantic's framing or the input (it may hold a pasted token)."""
+    return "; ".join(_problem(error, prefix, model) for error in exc.errors(include_input=False))
+
+
+def validated(model: type[M], data: dict, prefix: str = "") -> M:
+    """``model`` from ``data``, or a ValueError naming each bad field by its path under ``prefix``."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(_problems(exc)) from None
+        raise ValueError(_problems(exc, prefix, model)) from None
 
 
 def _load_block(block: type[B], field: str, name: str, missing: str) -> B:
     """A saved block by name; one whose values its own checks refuse says which field and what to set (not Prefect's
     `validate=False` advice), and a missing one says ``missing``."""
     try:
-        return block.load(name)
+        loaded = block.load(name)
     except (ValueError, RuntimeError) as exc:
         if isinstance(exc.__cause__, ValidationError):
             raise ValueError(
-                f"{field}: the saved {block.__name__} block '{name}' is not valid: {_problems(exc.__cause__)}. "
-                "Fix it in the UI"
+                f"{field}: the saved {block.__name__} block '{name}' is not valid: "
+                f"{_problems(exc.__cause__, model=block)}. Fix it in the UI"
             ) from None
         raise ValueError(missing) from None
+    # Blocks accept unknown keys (Prefect's models allow extras): a key misspelt in the UI's JSON editor would be
+    # ignored silently, and the setting the user meant would not apply.
+    unknown = sorted(loaded.model_extra or {})
+    if unknown:
+        problems = "; ".join(f"{key}: unknown key '{key}'" for key in unknown)
+        raise ValueError(
+            f"{field}: the saved {block.__name__} block '{name}' is not valid: {problems}; allowed: "
+            f"{sorted(block.model_fields)}. Fix it in the UI"
+        )
+    return loaded
 
 
 def load_target(name: str) -> GcpTarget:
@@ -82,28 +156,57 @@ def load_profile(
     if load_mode:
         overrides["load_mode"] = load_mode
     if name in PRESETS:
-        return ServingProfile.preset(name, **overrides)
+        return validated(ServingProfile, {**PRESETS[name], "name": name, **overrides})
     block = _load_block(
         ServingProfile, "profile", name,
         f"profile: '{name}' is neither a preset ({', '.join(PRESETS)}) nor a saved ServingProfile block",
     )  # fmt: skip
-    return ServingProfile.model_validate({**block.model_dump(), **overrides}) if overrides else block
+    return validated(ServingProfile, {**block.model_dump(), **overrides}) if overrides else block
 
 
-def read_spec(path: str | None) -> dict:
-    """A model's deployment file from deployments/ (model, revision, profile, target, service, ...)."""
+def read_spec(path: str | None, within: Path | None = None) -> dict:
+    """A model's deployment file (model, revision, profile, target, service, ...), checked whole before any use.
+
+    The file must lie inside ``within``: by default the project's deployments/ folder, the project being the folder
+    the run works in (the deployments' pull step moves there, flows/project.py). ``spec_file`` is a parameter anyone
+    who may start a run can set; it must not read, and echo into errors, any file the worker can reach."""
     if not path:
         return {}
+    folder = (within or Path.cwd() / "deployments").resolve()
+    file = Path(path).resolve()  # follows symlinks and `..`: where the file really is
+    if not file.is_relative_to(folder):
+        raise ValueError(
+            f"spec_file: {path} is not inside {folder}; give the path of a model file in deployments/, relative to "
+            "the project folder (e.g. deployments/gemma-4-e2b.yaml)"
+        )
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.safe_load(file.read_text())
     except FileNotFoundError:
         raise ValueError(
             f"spec_file: {path} does not exist; give the path of a model file in deployments/, relative to the "
             "project folder (e.g. deployments/gemma-4-e2b.yaml)"
         ) from None
-    unknown = sorted(set(data) - SPEC_KEYS)
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown}; allowed: {sorted(SPEC_KEYS)}")
+    except IsADirectoryError:
+        raise ValueError(f"spec_file: {path} is a folder; give the path of a model file (.yaml) in it") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ValueError(
+            f"spec_file {path}{where}: not valid YAML ({problem}); fix the file there (a value holding ': ' or "
+            "' #' needs quotes)"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path}: holds a {type(data).__name__}, not a mapping of keys; write `key: value` lines, e.g. "
+            "`model: google/gemma-4-E2B-it`"
+        )
+    try:
+        ModelSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: {_problems(exc, model=ModelSpec)}") from None
     return data
 
 

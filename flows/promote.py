@@ -7,9 +7,8 @@ URL; on any failure it stays where it was, and the report says so.
 
 from __future__ import annotations
 
-import json
-
 import httpx
+from google.api_core import exceptions as gexc
 from google.cloud import run_v2
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
@@ -32,7 +31,8 @@ from tasks.cloudrun import (
     service_path,
 )
 from tasks.cost import estimate
-from tasks.hub import HubFileStream, resolve_model
+from tasks.gcp import explain_forbidden
+from tasks.hub import read_json_file, resolve_model
 from tasks.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.logs import run_logger
 from tasks.preflight import ModelFacts, check_model, check_profile, check_service, raise_on_errors
@@ -41,7 +41,7 @@ from tasks.progress import artifact_key
 from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
 from tasks.report import PromotionReport
 from tasks.schedules import WarmHours
-from tasks.selection import select_files
+from tasks.selection import check_index, index_to_check, select_files
 from tasks.staging import StagingOptions, commit_prefix, hf_stage_model
 
 SAFETENSORS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -54,14 +54,18 @@ def hf_resolve_model(
     """Resolve the revision to a commit; the selected weights' size and the model's config.json."""
     access_ = clients.hub(source, clients.hub_token(source, token_secret_block))
     resolved = resolve_model(access_, source, options.retry)
-    selected = select_files(resolved.files, source.allow_patterns, source.ignore_patterns, source.repo_id)
+    selected = select_files(resolved.files, source.allow_patterns, source.ignore_patterns, source.repo_id,
+                            resolved.commit)  # fmt: skip
     weights = sum(f.size for f in selected if f.path.endswith(SAFETENSORS))
     config_file = next((f for f in selected if f.path == "config.json"), None)
     config = None
-    if config_file is not None:
-        with httpx.Client(timeout=60) as http:
-            stream = HubFileStream(http, access_, source.repo_id, resolved.commit, config_file, options.retry)
-            config = json.loads(stream.read())
+    with httpx.Client(timeout=60) as http:  # sizes bounded before a JSON file is read whole (read_json_file)
+        if config_file is not None:
+            config = read_json_file(http, access_, source.repo_id, resolved.commit, config_file, options.retry)
+        index = index_to_check(selected)
+        if index is not None:  # an index naming absent shards fails here, before any cloud write
+            index_json = read_json_file(http, access_, source.repo_id, resolved.commit, index, options.retry)
+            check_index(index_json, selected, resolved.files, source.repo_id)
     return resolved.commit, weights, config
 
 
@@ -288,10 +292,19 @@ def _promote(
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
+    """Where traffic stands now. Only "no such service" means no traffic: any other failure to read it (a 403, an
+    outage) is said in the report as traffic unknown, never raised (it would hide the run's own outcome)."""
     try:
         service = clients.run_services(target).get_service(name=service_path(target, service_id))
-    except Exception:
+    except gexc.NotFound:
         return  # no service (yet): the report says "no traffic"
+    except (gexc.Forbidden, gexc.PermissionDenied) as exc:
+        report.traffic_unknown = str(explain_forbidden(exc, "run", "roles/run.viewer", f"reading {service_id}",
+                                                       target.project))  # fmt: skip
+        return
+    except Exception as exc:  # said in the report, not swallowed: the run's own error is what is raised
+        report.traffic_unknown = f"reading {service_id} failed: {type(exc).__name__}: {exc}"
+        return
     report.service_url = service.uri
     report.traffic = [(s.revision, s.percent) for s in service.traffic_statuses if s.percent and s.tag != CANDIDATE_TAG]
 

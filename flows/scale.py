@@ -10,16 +10,22 @@ from tasks.cloudrun import Scaling, run_scale_service
 
 @flow(name="scale-service", log_prints=True)
 def scale_service(
-    service: str, min_instances: int, max_instances: int | None = None, target: str = DEFAULT_TARGET
+    service: str,
+    min_instances: int,
+    max_instances: int | None = None,
+    target: str = DEFAULT_TARGET,
+    gpu_quota: int | None = None,
 ) -> Scaling:
     """Set min (0 = scale to zero) and optionally max instances; traffic and revisions are left alone.
 
     A no-op when the service is already there. The schedules in prefect.yaml run it to warm the service for
-    business hours and let it scale to zero outside them.
+    business hours and let it scale to zero outside them. A `max_instances` whose GPUs exceed the region's quota
+    for the service's GPU type is refused, as preflight refuses it in a profile; `gpu_quota` gives the project's
+    quota when it was raised above the default (3 L4, 1 RTX Pro 6000).
     """
     gcp = load_target(target)
     with service_lock(gcp, service):
-        result = run_scale_service(gcp, service, min_instances, max_instances)
+        result = run_scale_service(gcp, service, min_instances, max_instances, gpu_quota)
     if result.changed:
         emit("service.scaled", gcp, service, {"min_instances": min_instances, "max_instances": result.max_instances})
     change = "changed" if result.changed else "no change"

@@ -31,7 +31,7 @@ END = "  # END generated\n"
 
 def model_deployments(spec_path: Path, relative_to: Path = ROOT) -> str:
     """The prefect.yaml entries for one model file."""
-    spec = read_spec(str(spec_path))
+    spec = read_spec(str(spec_path), within=relative_to)  # the sync reads the files it found itself
     name = spec_path.stem
     relative = spec_path.relative_to(relative_to).as_posix()
     model = spec.get("model")

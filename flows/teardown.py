@@ -9,6 +9,8 @@ from tasks.build_identity import iam_delete_build_service_account
 from tasks.gcp import EnsureResult
 from tasks.subnet_hold import SubnetHold, prefect_schedule_network_retry
 from tasks.teardown import (
+    artifactregistry_delete_repository,
+    check_service_name,
     compute_delete_network,
     compute_delete_subnet,
     gcs_delete_bucket,
@@ -28,15 +30,19 @@ def teardown(
     secret: bool = False,
     staged_weights: bool = False,
     build_bucket: bool = False,
+    artifact_repository: bool = False,
 ) -> list[EnsureResult]:
     """Delete the service, then (when asked) the subnet and network, the service accounts (serving, build), the Hub
-    token secret, the bucket with the staged weights, and the build bucket with build sources and logs (images stay
-    in Artifact Registry), in that order. Each step tolerates what is already gone.
+    token secret, the bucket with the staged weights, the build bucket with build sources and logs, and the
+    Artifact Registry repository with the built images (``artifact_repository``; the service that ran them is gone
+    first), in that order. Each step tolerates what is already gone; a ``service`` no Cloud Run service can be
+    named is refused before any call.
 
     Cloud Run keeps a subnet's Direct VPC egress IPs 1-2 h after the last service using it is deleted: the subnet
     and network then come back ``held`` (what holds them, when to retry) and the rest of the teardown goes on. Run
     from a deployment, the flow schedules a network-only run of it for that time; otherwise it prints the command.
     """
+    check_service_name(service)  # else a typo reports "absent" while the real service keeps running
     gcp = load_target(target)
     with service_lock(gcp, service):
         results = [run_delete_service(gcp, service)]
@@ -64,6 +70,8 @@ def teardown(
             results.append(gcs_delete_bucket(gcp))
         if build_bucket:
             results.append(gcs_delete_build_bucket(gcp))
+        if artifact_repository:
+            results.append(artifactregistry_delete_repository(gcp))
     for result in results:
         print(f"{result.kind} {result.name}: {result.action}" + "".join(f"; {c}" for c in result.changes))
     emit("service.torn_down", gcp, service, {"deleted": [r.name for r in results if r.action == "deleted"]})

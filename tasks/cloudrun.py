@@ -15,6 +15,7 @@ from google.protobuf import field_mask_pb2
 from prefect import task
 from pydantic import BaseModel, Field, SecretStr
 
+from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
 from tasks.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
@@ -278,11 +279,19 @@ def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None)
     """Traffic back to ``to_revision``, or to the newest ready revision older than the one serving now."""
     services = clients.run_services(target)
     with gcp_errors("run", "roles/run.developer", f"rolling back {service_id}", target.project):
-        current = services.get_service(name=service_path(target, service_id), retry=GCP_RETRY)
+        try:
+            current = services.get_service(name=service_path(target, service_id), retry=GCP_RETRY)
+        except gexc.NotFound:
+            raise InfraError(
+                f"service: no Cloud Run service '{service_id}' in {target.project}/{target.region}; check the name "
+                "(`gcloud run services list`), or run promote-model first to create it"
+            ) from None
         serving = _serving(current)
         now = serving[0][0] if serving else ""
-        if to_revision is None:
-            revisions = list(clients.run_revisions(target).list_revisions(parent=current.name, retry=GCP_RETRY))
+        revisions = list(clients.run_revisions(target).list_revisions(parent=current.name, retry=GCP_RETRY))
+        if to_revision is not None:
+            _check_rollback_target(service_id, to_revision, revisions)
+        else:
             serving_since = next((r.create_time for r in revisions if _short(r.name) == now), None)
             older = sorted(
                 (
@@ -294,10 +303,65 @@ def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None)
                 reverse=True,
             )
             if not older:
-                raise InfraError(f"{service_id} has no other ready revision to roll back to")
+                raise InfraError(
+                    f"{service_id} has no ready revision older than {now or 'the serving one'} to roll back to; its "
+                    f"revisions (newest first): {_listing(revisions)}. Name one in to_revision, or promote the model "
+                    "you want"
+                )
             to_revision = _short(older[0].name)
         _set_traffic(target, service_id, _pinned([(to_revision, 100)]))
     return Rollback(service=current.name, from_revision=now, to_revision=to_revision)
+
+
+def _listing(revisions: list[run_v2.Revision]) -> str:
+    """The revisions by name, newest first, each not ready one marked so."""
+    newest_first = sorted(revisions, key=lambda r: r.create_time, reverse=True)
+    return ", ".join(f"{_short(r.name)}{'' if _ready(r) else ' (not ready)'}" for r in newest_first) or "none"
+
+
+def _check_rollback_target(service_id: str, to_revision: str, revisions: list[run_v2.Revision]) -> None:
+    """``to_revision`` must be one of the service's ready revisions: say which exist, newest first, when it is not."""
+    found = next((r for r in revisions if _short(r.name) == to_revision), None)
+    listed = _listing(revisions)
+    if found is None:
+        raise InfraError(
+            f"to_revision: {service_id} has no revision '{to_revision}'; its revisions (newest first): {listed}. "
+            "Give one of these, or leave to_revision empty for the previous ready one"
+        )
+    if not _ready(found):
+        raise InfraError(
+            f"to_revision: revision '{to_revision}' of {service_id} never became ready and cannot serve; its "
+            f"revisions (newest first): {listed}. Give a ready one"
+        )
+
+
+def gpu_quota_for(gpu_type: str) -> int:
+    """The GPU quota a project has per region by default for ``gpu_type``: the quota of the preset serving on it
+    (3 for nvidia-l4, 1 for nvidia-rtx-pro-6000, lesson 6), else ServingProfile's default."""
+    default = ServingProfile.model_fields["gpu_quota"].default
+    return next((p.get("gpu_quota", default) for p in PRESETS.values() if p.get("gpu_type") == gpu_type), default)
+
+
+def _check_gpu_quota(
+    current: run_v2.Service, service_id: str, max_instances: int | None, gpu_quota: int | None
+) -> None:
+    """The service's GPUs at ``max_instances`` must fit the region's GPU quota, as preflight checks for a profile:
+    Cloud Run refuses a deploy over quota only when the instances actually start, not when scaling is set."""
+    if max_instances is None:
+        return
+    template = current.template
+    gpu_type = template.node_selector.accelerator
+    per_instance = max((int(c.resources.limits.get("nvidia.com/gpu") or 0) for c in template.containers), default=0)
+    if not gpu_type or per_instance == 0:
+        return  # a CPU-only service: no GPU quota to exceed
+    quota = gpu_quota if gpu_quota is not None else gpu_quota_for(gpu_type)
+    if max_instances * per_instance > quota:
+        fits = quota // per_instance
+        raise ValueError(
+            f"max_instances: {max_instances} instances of {service_id} need {max_instances * per_instance} "
+            f"{gpu_type} GPUs, above the GPU quota of {quota} per region; set max_instances to {fits} or fewer, or "
+            "request more quota and pass it as gpu_quota"
+        )
 
 
 class Scaling(BaseModel):
@@ -307,8 +371,14 @@ class Scaling(BaseModel):
     changed: bool
 
 
-def scale_service(target: GcpTarget, service_id: str, min_instances: int, max_instances: int | None = None) -> Scaling:
-    """Service-level min (and max) instances; traffic and revisions stay as they are (lesson 16)."""
+def scale_service(
+    target: GcpTarget, service_id: str, min_instances: int, max_instances: int | None = None,
+    gpu_quota: int | None = None,
+) -> Scaling:  # fmt: skip
+    """Service-level min (and max) instances; traffic and revisions stay as they are (lesson 16).
+
+    ``max_instances`` must fit the region's GPU quota for the service's GPU type (``gpu_quota`` when the project's
+    was raised, else the default of the preset on that GPU)."""
     if min_instances < 0 or (max_instances is not None and (max_instances < 1 or min_instances > max_instances)):
         raise ValueError(
             f"min_instances ({min_instances}) / max_instances ({max_instances}): min must be 0 or more (0 = scale to "
@@ -324,6 +394,7 @@ def scale_service(target: GcpTarget, service_id: str, min_instances: int, max_in
                 f"service: no Cloud Run service '{service_id}' in {target.project}/{target.region}; check the name, "
                 "or run promote-model first to create it"
             ) from None
+        _check_gpu_quota(current, service_id, max_instances, gpu_quota)
         wanted_max = current.scaling.max_instance_count if max_instances is None else max_instances
         if current.scaling.min_instance_count == min_instances and current.scaling.max_instance_count == wanted_max:
             return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,27 +24,34 @@ from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks.build_context import context_files
+from tasks.image_reference import InvalidImageReference, parse_image_reference
 
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
-GENERIC_VLLM_IMAGE = re.compile(r"^(docker\.io/)?vllm/vllm-openai([:@]|$)")
+GENERIC_VLLM_IMAGE = "vllm/vllm-openai"  # on Docker Hub; the CUDA it is built for is newer than the L4 driver
 RECIPES_DIR = Path(__file__).parent / "recipes"
 SOURCES_PREFIX = "cloudbuild-sources"
 LOGS_PREFIX = "cloudbuild-logs"
 
 
 def prebuilt_findings(profile: ServingProfile) -> list[str]:
-    """What is wrong with a prebuilt image choice before anything is deployed (lessons 1 and 2)."""
+    """What is wrong with a prebuilt image choice before anything is deployed (lessons 1 and 2). The image is
+    parsed as Docker parses it (tasks/image_reference.py), so every spelling of the generic vLLM image is caught:
+    any Docker Hub host name or case, ``library/``, a tag, a digest or both, a mirror such as mirror.gcr.io."""
     image = profile.image
     if image is None:
         return []
+    try:
+        ref = parse_image_reference(image)
+    except InvalidImageReference as exc:
+        return [f"image: {exc}"]
     findings = []
-    if GENERIC_VLLM_IMAGE.match(image) and profile.gpu_type == "nvidia-l4" and not profile.allow_generic_vllm_image:
+    if ref.is_image(GENERIC_VLLM_IMAGE) and profile.gpu_type == "nvidia-l4" and not profile.allow_generic_vllm_image:
         findings.append(
-            f"image: {image} is built for a newer CUDA than the L4's driver (535 / CUDA 12.2) and fails with "
-            f'"The NVIDIA driver on your system is too old"; use {MODEL_GARDEN_VLLM_IMAGE}, or set '
-            "allow_generic_vllm_image if you know the tag runs on CUDA 12.2"
+            f"image: {image} is {GENERIC_VLLM_IMAGE} (or a copy of it), built for a newer CUDA than the L4's driver "
+            f'(535 / CUDA 12.2), and fails with "The NVIDIA driver on your system is too old"; use '
+            f"{MODEL_GARDEN_VLLM_IMAGE}, or set allow_generic_vllm_image if you know the tag runs on CUDA 12.2"
         )
-    if "@sha256:" not in image and (":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")):
+    if not ref.pinned:
         findings.append(f"image: {image} is not pinned; name a tag other than latest, or a digest")
     return findings
 

@@ -151,8 +151,10 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
             "artifactregistry.tags.get": "skip a build whose image is already pushed",
             "artifactregistry.repositories.getIamPolicy": "grant the build identity roles/artifactregistry.writer",
             "artifactregistry.repositories.setIamPolicy": "grant the build identity roles/artifactregistry.writer",
+            "artifactregistry.repositories.delete": "teardown --artifact-repository",
         },
-        purpose="the image repository, and roles/artifactregistry.writer on it for the build identity",
+        purpose="the image repository, and roles/artifactregistry.writer on it for the build identity; teardown "
+        "--artifact-repository",
     ),
     RoleNeed(
         "roles/cloudbuild.builds.editor",

@@ -166,6 +166,9 @@ def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -
             check_local_source(profile.build)
         except ValueError as exc:
             findings.append(_error("build", str(exc)))
+    from tasks.vllm_rules import profile_rules  # imports Finding from here
+
+    findings += profile_rules(profile)  # what vLLM and the instance refuse (vLLM's own rules, v0.33.0)
     cache = _arg_value(profile.vllm.extra_args, "--download-dir") or profile.env.get("HF_HOME")
     if cache and cache.startswith(MEMORY_BACKED):
         findings.append(
@@ -311,7 +314,12 @@ def loaded_weight_bytes(profile: ServingProfile, facts: ModelFacts) -> float:
 
 def check_model(profile: ServingProfile, facts: ModelFacts) -> list[Finding]:
     """Checks that need the model's size and config."""
-    findings: list[Finding] = []
+    from tasks.vllm_rules import model_rules  # imports Finding from here
+
+    # config.json is untrusted: a broken or absurd one stops here, before its numbers size memory or probes.
+    findings: list[Finding] = model_rules(profile, facts.config)
+    if any(f.severity == "error" and f.setting.startswith("config.json") for f in findings):
+        return findings
     opts = profile.vllm
     weights = loaded_weight_bytes(profile, facts)
     gib = 2**30

@@ -41,6 +41,7 @@ class PromotionReport(BaseModel):
     service_url: str | None = None
     candidate_url: str | None = None
     traffic: list[tuple[str, int]] = Field(default_factory=list, description="Where traffic stands at the end.")
+    traffic_unknown: str | None = Field(None, description="Why where traffic stands could not be read (e.g. a 403).")
     verification: Verification | None = None
     findings: list[Finding] = Field(default_factory=list)
     cost: CostEstimate | None = None
@@ -95,6 +96,8 @@ class PromotionReport(BaseModel):
     # What a user looks for first: did it work, what serves, where, at what cost, and what took the time.
     def _key_figures(self) -> list[str]:
         traffic = ", ".join(f"{rev} {pct} %" for rev, pct in self.traffic) or "no traffic (no serving revision)"
+        if self.traffic_unknown:  # not read: saying "no traffic" would be a guess
+            traffic = f"unknown: {self.traffic_unknown}"
         serving = f"{self.serving_revision or '-'} (previous: {self.previous_revision or '-'})"
         if self.serving_revision is None and self.traffic:  # a failed run: what served before still serves
             serving = f"{', '.join(rev for rev, _ in self.traffic)} (unchanged by this run)"

@@ -8,7 +8,7 @@ import re
 from datetime import time
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DAY_NAMES = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]  # cron numbers them 0-6 from Sunday
 DAY_ITEM = re.compile(r"^([a-z]{3}|[0-7])(?:-([a-z]{3}|[0-7]))?$")
@@ -61,6 +61,8 @@ class ScaleSchedule(BaseModel):
 
 class WarmHours(BaseModel):
     """When a service keeps an instance warm (min 1); at zero (min 0) the rest of the week (lesson 16)."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key (warm_form) must not silently keep the default
 
     warm_from: time = Field(time(8, 0), description="Local time the service is scaled up to one warm instance.")
     warm_until: time = Field(time(19, 0), description="Local time it is scaled back to zero.")

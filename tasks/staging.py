@@ -23,7 +23,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import storage as gcs
 from prefect import task
 from prefect.artifacts import create_table_artifact
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
@@ -35,11 +35,13 @@ from tasks.hub import (
     HubRetryPolicy,
     ResolvedModel,
     RetryStats,
+    read_json_file,
     resolve_model,
+    unsafe_path_reason,
 )
 from tasks.logs import run_logger
 from tasks.progress import ByteProgress, artifact_key
-from tasks.selection import select_files
+from tasks.selection import check_index, index_to_check, select_files
 
 MANIFEST = "_manifest.json"
 SIMPLE_UPLOAD_LIMIT = 8 * 1024 * 1024  # google-cloud-storage's multipart/resumable threshold
@@ -62,6 +64,15 @@ class StagedFile(BaseModel):
     size: int
     sha256: str
     git_blob_id: str
+
+    @field_validator("path")
+    @classmethod
+    def _plain_relative(cls, value: str) -> str:
+        # A manifest entry is a path inside the commit folder, whatever a listing or an old manifest says.
+        reason = unsafe_path_reason(value)
+        if reason is not None:
+            raise ValueError(f"manifest path {value!r} {reason}")
+        return value
 
 
 class Manifest(BaseModel):
@@ -110,6 +121,18 @@ def commit_prefix(target: GcpTarget, repo_id: str, commit: str) -> str:
     return f"{target.model_prefix}/{repo_id}/{commit}"
 
 
+def object_name(prefix: str, path: str) -> str:
+    """The one place a staged object's name is built: the commit folder plus a plain relative path.
+
+    Selection already refused bad names with the full story; this is the last line of defence, so no code path
+    can write outside the commit folder (``..``), into an odd name (``a//b``) or with control characters.
+    """
+    reason = unsafe_path_reason(path)
+    if reason is not None:
+        raise StagingError(f"refusing to write {path!r} under {prefix}/: the name {reason}; nothing was written")
+    return f"{prefix}/{path}"
+
+
 def _content_type(path: str) -> str:
     if path.endswith(".json"):
         return "application/json"
@@ -120,7 +143,7 @@ def _content_type(path: str) -> str:
 
 def read_manifest(bucket: gcs.Bucket, prefix: str) -> Manifest | None:
     try:
-        return Manifest.model_validate_json(bucket.blob(f"{prefix}/{MANIFEST}").download_as_bytes())
+        return Manifest.model_validate_json(bucket.blob(object_name(prefix, MANIFEST)).download_as_bytes())
     except gexc.NotFound:
         return None
     except gexc.Forbidden:
@@ -198,7 +221,7 @@ class _Uploader:
         )
         counted = _CountingStream(hub_stream, self.progress)
         chunk = self.options.chunk_mib * 1024 * 1024
-        blob = self.bucket.blob(f"{self.prefix}/{item.path}", chunk_size=chunk)
+        blob = self.bucket.blob(object_name(self.prefix, item.path), chunk_size=chunk)
         source = f"hf://{self.resolved.repo_id}@{self.resolved.commit}/{item.path}"
         try:
             if item.lfs_sha256 is None and item.size <= SIMPLE_UPLOAD_LIMIT:
@@ -265,7 +288,9 @@ def stage_model(
     access = clients.hub(source, token)
     stats = RetryStats()
     resolved = resolve_model(access, source, options.retry, stats)
-    selected = select_files(resolved.files, source.allow_patterns, source.ignore_patterns, source.repo_id)
+    selected = select_files(
+        resolved.files, source.allow_patterns, source.ignore_patterns, source.repo_id, resolved.commit
+    )
     total = sum(f.size for f in selected)
     storage = clients.storage(target)
     prefix = commit_prefix(target, source.repo_id, resolved.commit)
@@ -276,9 +301,14 @@ def stage_model(
         log.info("%s@%s is already staged at %s (manifest complete)", source.repo_id, resolved.commit[:12], uri)
         return _result(source, resolved, uri, prefix, [], selected, total, started, stats, noop=True)
 
+    index = index_to_check(selected)
+    if index is not None:  # a stale or broken index would stage a folder vLLM cannot load: refuse before uploading
+        with httpx.Client(timeout=60) as http:
+            index_json = read_json_file(http, access, source.repo_id, resolved.commit, index, options.retry, stats)
+        check_index(index_json, selected, resolved.files, source.repo_id)
     bucket = check_bucket(storage, target)
     existing = {b.name: b for b in storage.list_blobs(bucket, prefix=f"{prefix}/")}
-    todo = [f for f in selected if not _is_verified(existing.get(f"{prefix}/{f.path}"), f)]
+    todo = [f for f in selected if not _is_verified(existing.get(object_name(prefix, f.path)), f)]
     skipped = [f for f in selected if f not in todo]
     log.info(
         "staging %s@%s (%s) to %s: %d files to upload (%.1f MB), %d already verified",
@@ -294,7 +324,7 @@ def stage_model(
     staged = _upload_all(bucket, prefix, access, resolved, options, progress, stats, todo)
     recorded = {f.path: f for f in staged}
     for item in skipped:
-        blob = existing[f"{prefix}/{item.path}"]
+        blob = existing[object_name(prefix, item.path)]
         recorded[item.path] = StagedFile(
             path=item.path, size=item.size, sha256=blob.metadata["sha256"], git_blob_id=item.git_blob_id
         )
@@ -306,7 +336,7 @@ def stage_model(
         total_bytes=total,
         staged_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
-    bucket.blob(f"{prefix}/{MANIFEST}").upload_from_string(
+    bucket.blob(object_name(prefix, MANIFEST)).upload_from_string(
         json.dumps(manifest.model_dump(), indent=1), content_type="application/json"
     )
     progress.report()

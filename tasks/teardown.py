@@ -2,7 +2,7 @@
 
 Each deletes one resource and tolerates its absence, so a teardown can run twice or after a partial one.
 The flow calls them in dependency order: service, subnet, network, service account, and the bucket (with the
-staged weights in it) only when asked.
+staged weights in it), the build bucket and the Artifact Registry repository (with its images) only when asked.
 """
 
 from __future__ import annotations
@@ -15,8 +15,34 @@ from prefect import task
 from blocks.target import GcpTarget
 from tasks import clients
 from tasks.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for
-from tasks.infra import iam_call, secret_path, service_account_path, wait_global_operation, wait_region_operation
+from tasks.infra import (
+    iam_call,
+    repository_path,
+    secret_path,
+    service_account_path,
+    wait_global_operation,
+    wait_region_operation,
+)
+from tasks.preflight import SERVICE_ID
 from tasks.subnet_hold import holder_of, subnet_hold
+
+# Cloud Run's rule for a service id (FACTS.md "Names"): preflight's SERVICE_ID pattern, and "It must begin with
+# letter, and cannot end with hyphen; must contain fewer than 50 characters" (serviceId,
+# https://cloud.google.com/run/docs/reference/rest/v2/projects.locations.services/create). Not preflight's 46-
+# character limit: that one leaves room for the candidate tag of a service we create; a teardown must reach any.
+SERVICE_ID_MAX = 49
+
+
+def check_service_name(service_id: str) -> None:
+    """Refuse a name no Cloud Run service can have: the teardown would find nothing under it and report the
+    service "absent", while the service the user meant (a typo, or its URL pasted) keeps running and costing."""
+    if SERVICE_ID.fullmatch(service_id) and len(service_id) <= SERVICE_ID_MAX:  # fullmatch: no trailing newline
+        return
+    raise ValueError(
+        f"service: {service_id!r} cannot be a Cloud Run service name (lowercase letters, digits and hyphens, starting "
+        f"with a letter, not ending with a hyphen, at most {SERVICE_ID_MAX} characters), so there is nothing to tear "
+        "down under it; pass the service's name as `gcloud run services list` shows it (not its URL or the model id)"
+    )
 
 
 def delete_service(target: GcpTarget, service_id: str) -> EnsureResult:
@@ -111,12 +137,33 @@ def delete_bucket(target: GcpTarget, bucket_name: str | None = None) -> EnsureRe
     return EnsureResult(kind="bucket", name=name, action="deleted", changes=[f"{len(blobs)} objects deleted"])
 
 
+def delete_artifact_repository(target: GcpTarget) -> EnsureResult:
+    """The Artifact Registry repository with every image in it (built serving images: the next promotion that
+    builds rebuilds them). Deleting it is an operation; a repository already gone is ``absent``.
+
+    repositories.delete "Deletes a repository and all of its contents. The returned Operation will finish once the
+    repository has been deleted" and needs artifactregistry.repositories.delete, which of the predefined roles only
+    roles/artifactregistry.admin holds (not repoAdmin)
+    (https://cloud.google.com/artifact-registry/docs/reference/rest/v1/projects.locations.repositories/delete,
+    https://cloud.google.com/artifact-registry/docs/repositories/delete-repos).
+    """
+    name = repository_path(target)
+    registry = clients.artifact_registry(target)
+    with gcp_errors("artifactregistry", "roles/artifactregistry.admin", f"deleting repository {name}", target.project):
+        try:
+            wait_for(registry.delete_repository(name=name, retry=GCP_RETRY), clients.operation_polling(target))
+        except gexc.NotFound:
+            return EnsureResult(kind="artifact-registry", name=name, action="absent")
+    return EnsureResult(kind="artifact-registry", name=name, action="deleted")
+
+
 run_delete_service = task(name="run_delete_service")(delete_service)
 compute_delete_subnet = task(name="compute_delete_subnet")(delete_subnet)
 compute_delete_network = task(name="compute_delete_network")(delete_network)
 iam_delete_service_account = task(name="iam_delete_service_account")(delete_service_account)
 secretmanager_delete_secret = task(name="secretmanager_delete_secret")(delete_secret)
 gcs_delete_bucket = task(name="gcs_delete_bucket")(delete_bucket)
+artifactregistry_delete_repository = task(name="artifactregistry_delete_repository")(delete_artifact_repository)
 
 
 @task(name="gcs_delete_build_bucket")

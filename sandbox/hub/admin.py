@@ -16,6 +16,10 @@ repo or revision) or 409 (repo exists). Work that hashes weights runs in a worke
 - ``POST /repos/{ns}/{name}/commits`` ``{branch?: "main", message?, files?: {path: base64 | null},
   regenerate_weights?: seed, base?: revision for a new branch}`` -> ``{"commit": sha, ...RepoDetail}``.
   ``null`` deletes a file; ``regenerate_weights`` rewrites every weight file of a generated repo.
+  Paths are refused as the Hub refuses them (a '..' or '.git' segment), unless ``hostile_mirror: true``, which
+  stores any name (absolute, '..', '//', backslashes, control characters) and takes ``listed_sizes: {path: int |
+  null}``, the sizes the repo's listings then announce instead of the real ones (null leaves the size out): what a
+  broken or hostile mirror given as ``hub_endpoint`` can serve.
 - ``POST /repos/{ns}/{name}/tags`` and ``/branches`` ``{name, revision?: "main"}`` -> ``{name, sha}``;
   ``DELETE /repos/{ns}/{name}/tags/{name}`` and ``/branches/{name}``.
 - ``POST /repos/{ns}/{name}/grants`` ``{user}`` or ``{token}`` grants gated/private access;
@@ -72,6 +76,20 @@ class NewCommit(BaseModel):
     files: dict[str, str | None] = Field(default_factory=dict, description="path -> base64 content, null deletes")
     regenerate_weights: int | None = Field(None, description="seed of new weights for a generated repo")
     base: str | None = Field(None, description="where a new branch starts; default the head of main")
+    hostile_mirror: bool = Field(False, description="store any path and lie about sizes, as a bad mirror can")
+    listed_sizes: dict[str, int | None] = Field(default_factory=dict, description="hostile_mirror: sizes to announce")
+
+
+def hub_path_error(path: str) -> str | None:
+    """Why the Hub would refuse ``path`` in a commit, as huggingface_hub 2.4.0 checks it before sending
+    (``_commit_api._validate_path_in_repo``: a '..' segment, or a '.git' / '.cache' folder), else None."""
+    path = path.removeprefix("/").removeprefix("./")
+    parts = path.split("/")
+    if path in ("", ".") or ".." in parts:
+        return f"Invalid `path_in_repo` in CommitOperation: '{path}'"
+    if ".git" in parts or ".cache" in parts:
+        return f"Invalid `path_in_repo` in CommitOperation: cannot update files under a '.git/' folder (path: '{path}')"
+    return None
 
 
 class NewRef(BaseModel):
@@ -205,7 +223,15 @@ def hub_admin_routes(state: HubState) -> list[BaseRoute]:
     async def add_commit(request: Request) -> dict:
         repo = repo_of(request)
         body = NewCommit.model_validate(await request.json())
-        changes = {path: None if data is None else base64.b64decode(data) for path, data in body.files.items()}
+        if not body.hostile_mirror:
+            if body.listed_sizes:
+                raise ValueError("listed_sizes needs hostile_mirror: true")
+            refused = [error for error in map(hub_path_error, body.files) if error]
+            if refused:
+                raise ValueError(refused[0])
+        # The Hub client strips a leading '/' or './' before committing; a hostile mirror keeps names verbatim.
+        keep = (lambda p: p) if body.hostile_mirror else (lambda p: p.removeprefix("/").removeprefix("./"))
+        changes = {keep(path): None if data is None else base64.b64decode(data) for path, data in body.files.items()}
 
         def commit() -> str:
             sha = ""
@@ -219,6 +245,7 @@ def hub_admin_routes(state: HubState) -> list[BaseRoute]:
             return sha
 
         sha = await locked(commit)
+        repo.listed_sizes |= body.listed_sizes
         return {"commit": sha} | detail(repo, sha)
 
     def ref_routes(kind: str) -> tuple[Handler, Handler]:

@@ -107,6 +107,8 @@ class Repo:
     card_data: dict | None = None
     # How the weights were generated (sandbox.hub.models.ModelSpec as a dict), for regenerated commits.
     generator: dict | None = None
+    # A hostile mirror's lies: the size its listings announce for a path (None: the size is left out).
+    listed_sizes: dict[str, int | None] = field(default_factory=dict)
 
     def commit(
         self,

@@ -26,9 +26,10 @@ def _last_commit(repo: Repo, sha: str) -> dict:
 
 
 def file_entry(repo: Repo, commit: Commit, item: RepoFile, expand: bool) -> dict:
-    entry: dict = {"type": "file", "oid": item.git_oid, "size": item.size, "path": item.path}
+    size = repo.listed_sizes.get(item.path, item.size)  # what a hostile mirror claims, else the truth
+    entry: dict = {"type": "file", "oid": item.git_oid, "size": size, "path": item.path}
     if item.is_lfs:
-        entry["lfs"] = {"oid": item.lfs_sha256, "size": item.size, "pointerSize": item.pointer_size}
+        entry["lfs"] = {"oid": item.lfs_sha256, "size": size, "pointerSize": item.pointer_size}
     if expand:
         entry["lastCommit"] = _last_commit(repo, commit.changed_in[item.path])
         entry["securityFileStatus"] = SAFE_SCAN
@@ -135,9 +136,12 @@ def model_info(repo: Repo, commit: Commit, *, blobs: bool) -> dict:
     for path, item in commit.files.items():
         sibling: dict = {"rfilename": path}
         if blobs:
-            sibling |= {"size": item.size, "blobId": item.git_oid}
+            size = repo.listed_sizes.get(path, item.size)  # what a hostile mirror claims, else the truth
+            sibling |= {"size": size, "blobId": item.git_oid}
             if item.is_lfs:
-                sibling["lfs"] = {"sha256": item.lfs_sha256, "size": item.size, "pointerSize": item.pointer_size}
+                sibling["lfs"] = {"sha256": item.lfs_sha256, "size": size, "pointerSize": item.pointer_size}
+            if size is None:
+                sibling.pop("size")
         siblings.append(sibling)
     card = repo.card_data or {}
     tags = ["transformers", *(["safetensors"] if any(p.endswith(".safetensors") for p in commit.files) else [])]

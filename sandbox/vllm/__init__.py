@@ -15,6 +15,8 @@ Environment contract (set by the Cloud Run stand-in):
   ``SANDBOX_DRIVER_CUDA`` and ``SANDBOX_IMAGE_CUDA`` (e.g. 12020 = CUDA 12.2; image 0 = CPU build).
 - ``SANDBOX_MOUNTS``: JSON list of Cloud Storage volumes {mount_path, bucket, only_dir, read_only}, read
   from the GCS emulator at ``STORAGE_EMULATOR_HOST``. ``SANDBOX_ROOT``: the container's root filesystem.
+- ``SANDBOX_IMAGE_FILES``: JSON {container path: text} of a built image's entrypoint script; an exec-args
+  command naming one (or a shell) runs under ``/bin/sh`` with the stand-in as ``vllm`` (image_script.py).
 - ``SANDBOX_TIME_SCALE``: real seconds per simulated second. ``SANDBOX_VLLM_FAULTS``: optional JSON faults.
 - Real vLLM variables that field lessons depend on: ``VLLM_ENABLE_V1_MULTIPROCESSING``, ``VLLM_HOST_IP``,
   ``GLOO_SOCKET_IFNAME``, ``VLLM_CPU_KVCACHE_SPACE``, ``HF_HUB_OFFLINE``, ``VLLM_API_KEY``.

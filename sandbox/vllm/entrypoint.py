@@ -18,6 +18,7 @@ from types import FrameType
 from sandbox.vllm.cli import ServeArgs, parse_serve_args
 from sandbox.vllm.engine import EngineState, boot
 from sandbox.vllm.errors import CommandFailed, VllmStartupError
+from sandbox.vllm.image_script import exec_script, is_script
 from sandbox.vllm.instance import ENTRYPOINT_EXEC_ARGS, ContractError, InstanceEnv
 from sandbox.vllm.logs import VllmLog
 from sandbox.vllm.openai_api import OpenAiApi
@@ -129,6 +130,8 @@ def main(argv: Sequence[str]) -> int:
     except ContractError as exc:
         sys.stderr.write(f"[sandbox] bad launcher contract: {exc}\n")
         return 1
+    if env.entrypoint == ENTRYPOINT_EXEC_ARGS and is_script(argv, env):
+        exec_script(argv, env)  # the image's own script takes over this process (when main is called directly)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     _watch_parent()

@@ -92,6 +92,11 @@ class InstanceEnv:
     storage_emulator: str | None = None
     faults: Faults = field(default_factory=Faults)
     vllm_env: Mapping[str, str] = field(default_factory=dict)
+    # Files the image holds that its ENTRYPOINT runs (a script COPY'd by its Dockerfile): container path -> text.
+    image_files: Mapping[str, str] = field(default_factory=dict)
+    # Whether the command is the built image's own ENTRYPOINT (SANDBOX_IMAGE_FILES set, maybe empty): only then
+    # is a shell run for real, so a service spec alone never runs host commands.
+    image_entrypoint: bool = False
 
     @property
     def cpu_mode(self) -> bool:
@@ -152,7 +157,16 @@ class InstanceEnv:
             storage_emulator=env.get("STORAGE_EMULATOR_HOST"),
             faults=Faults.from_json(env.get("SANDBOX_VLLM_FAULTS")),
             vllm_env=vllm_env,
+            image_files=_image_files(env),
+            image_entrypoint="SANDBOX_IMAGE_FILES" in env,
         )
+
+
+def _image_files(env: Mapping[str, str]) -> dict[str, str]:
+    files = _json(env, "SANDBOX_IMAGE_FILES") or {}
+    if not isinstance(files, dict) or not all(isinstance(k, str) and k.startswith("/") for k in files):
+        raise ContractError("SANDBOX_IMAGE_FILES must map absolute container paths to file contents")
+    return {k: str(v) for k, v in files.items()}
 
 
 def _json(env: Mapping[str, str], name: str) -> object:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import BlockDocumentUpdate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -22,7 +21,6 @@ from prefect.client.schemas.sorting import ArtifactSort
 from blocks import GcpTarget, ImageBuild, ServingProfile, VllmOptions
 from flows.promote import promote_model
 from flows.scale import scale_service
-from flows.sync_deployments import model_deployments
 from flows.teardown import teardown
 from tasks import clients
 from tasks.probe import VerifyOptions
@@ -189,15 +187,6 @@ def test_a_runtime_token_without_any_token(sb, flow_env, monkeypatch):
 
 def test_missing_model(sb, flow_env):
     fails_cleanly(sb, lambda: promote(model=None), "model:", "give a Hub repo id")
-
-
-def test_spec_file_with_an_unknown_key(sb, flow_env, tmp_path):
-    spec = tmp_path / "tiny-chat.yaml"
-    spec.write_text("model: sandbox/tiny-chat\nservices: bi-spec\nprofile: l4\n")  # 'services' for 'service'
-    message = fails_cleanly(
-        sb, lambda: promote(model=None, service=None, spec_file=str(spec)), "'services'", "allowed:"
-    )
-    assert "'service'" in message  # the list of allowed keys shows the right spelling
 
 
 def test_spec_file_that_does_not_exist(sb, flow_env):
@@ -471,22 +460,4 @@ def test_vllm_options_and_image_build_alone(sb):
     )
 
 
-# Business hours, as a model file in deployments/ states them ------------------------------------------------
-@pytest.mark.parametrize(
-    ("schedule", "field", "fix"),
-    [
-        pytest.param({"days": "Mon-Fry"}, "schedule.days", "write e.g. mon-fri", id="days-typo"),
-        pytest.param({"warm_from": "25:00"}, "schedule.warm_from", "write HH:MM", id="hour-25"),
-        pytest.param({"warm_from": "8am weekdays"}, "schedule.warm_from", "write HH:MM", id="prose"),
-        pytest.param({"warm_until": "07:00"}, "schedule.warm_until", "after warm_from", id="until-before-from"),
-        pytest.param({"timezone": "CEST"}, "schedule.timezone", "Europe/Berlin", id="tz-abbreviation"),
-        pytest.param({"timezone": "Europe/Berlinn"}, "schedule.timezone", "IANA", id="tz-typo"),
-    ],
-)
-def test_business_hours_in_a_model_file(sb, flow_env, tmp_path, schedule, field, fix):
-    spec = yaml.safe_load((ROOT / "deployments" / "sandbox" / "tiny-chat.yaml").read_text())
-    spec["schedule"] = {**spec["schedule"], **schedule}
-    path = tmp_path / "chat.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    fails_cleanly(sb, lambda: promote(spec_file=str(path), model=None), field, fix)  # the promotion prices by them
-    fails_cleanly(sb, lambda: model_deployments(path, relative_to=tmp_path), field, fix)  # and prefect.yaml has them
+# Business hours and unknown keys in model files: tests/reliability/test_bad_input_fields.py.

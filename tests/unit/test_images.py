@@ -132,9 +132,8 @@ def test_unpinned_images_are_flagged():
     assert "is not pinned" in prebuilt_findings(ServingProfile.preset("rtx-pro-6000", image="vllm/vllm-openai"))[0]
     latest = prebuilt_findings(ServingProfile.preset("rtx-pro-6000", image="vllm/vllm-openai:latest"))
     assert "is not pinned" in latest[0]
-    assert (
-        prebuilt_findings(ServingProfile.preset("l4", image=f"{MODEL_GARDEN_VLLM_IMAGE.split(':')[0]}@sha256:ab")) == []
-    )
+    by_digest = f"{MODEL_GARDEN_VLLM_IMAGE.split(':')[0]}@sha256:{'ab' * 32}"  # a digest is 64 hex digits
+    assert prebuilt_findings(ServingProfile.preset("l4", image=by_digest)) == []
 
 
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
@@ -169,7 +168,8 @@ def test_serve_wrapper_recipe_matches_seed_002s_wrapper_image_and_build(tmp_path
     assert dockerfile_instructions(folder / "Dockerfile") == [
         ("ARG", "BASE_IMAGE"),
         ("FROM", "${BASE_IMAGE}"),  # seed 002_bedd7fb1ffced183: vllm/vllm-openai:latest; ours Model Garden (lesson 1)
-        ("ENV", "HF_HUB_OFFLINE=1"),  # as seed 002_bedd7fb1ffced183, which also sets HF_HOME; MODEL_PATH needs none
+        # No ENV HF_HUB_OFFLINE=1 (seed 002 bakes it in): the service sets it unless the profile asks for runtime
+        # Hub access, which an image ENV would silently defeat (issue 14). HF_HOME: MODEL_PATH needs none.
         ("COPY", "serve-model.sh /usr/local/bin/serve-model"),
         ("RUN", "chmod 0755 /usr/local/bin/serve-model"),
         ("ENTRYPOINT", '["/usr/local/bin/serve-model"]'),  # seed 002_bedd7fb1ffced183: shell-form api_server

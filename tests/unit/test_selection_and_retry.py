@@ -71,9 +71,11 @@ def test_bin_weights_are_used_only_when_there_are_no_safetensors():
 
 
 def test_allow_patterns_replace_the_default_and_ignore_patterns_remove():
-    assert paths(select_files(LLAMA, allow_patterns=["original/*", "config.json"])) == [
+    allow = ["model-*.safetensors", "original/params.json", "config.json"]
+    assert paths(select_files(LLAMA, allow_patterns=allow)) == [
         "config.json",
-        "original/consolidated.00.pth",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
         "original/params.json",
     ]
     chosen = paths(select_files(LLAMA, ignore_patterns=["*.jinja", "generation_config.json"]))

@@ -37,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 from sandbox.authz import has_permission
 from sandbox.control import ControlContext
 from sandbox.control.cloudbuild.docker import MACHINES
+from sandbox.control.cloudbuild.image_config import ImageConfig
 from sandbox.control.cloudbuild.runner import BuildRunner, now
 from sandbox.control.cloudbuild.state import BuildRecord, BuildSettings, ForcedOutcome, Status
 from sandbox.control.cloudbuild.storage import BuildStorage, StorageError, split_gs_url
@@ -98,6 +99,17 @@ class CloudBuild:
         self.internal_errors = 0  # INTERNAL_ERROR builds delivered so far (drives the alternation)
         self._storage: BuildStorage | None = None
         self._tasks: set[asyncio.Task] = set()
+        # Built digest -> its image config (ENTRYPOINT, CMD, ENV, base): how Cloud Run starts the image.
+        self.image_configs: dict[str, ImageConfig] = {}
+
+    def image_config(self, image: str) -> ImageConfig | None:
+        """The config of an image a build here pushed (by digest, or by a tag the registry resolves), else None."""
+        digest = image.partition("@")[2]
+        if not digest:
+            registry = self.ctx.module("artifactregistry")
+            found = registry.find_image(image) if registry is not None else None
+            digest = found["uri"].partition("@")[2] if found else ""
+        return self.image_configs.get(digest)
 
     @property
     def operations(self) -> Operations:
@@ -416,6 +428,7 @@ class CloudBuild:
             # The build runs as its service account (else the Compute default account, Cloud Build docs "Cloud
             # Build service account changes", 2024): what it may read and push is that identity's, not the caller's.
             allowed=lambda permission, resource: has_permission(self.ctx, principal, permission, resource),
+            image_configs=self.image_configs,
         )
         try:
             await runner.run()

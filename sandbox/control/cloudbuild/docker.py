@@ -38,6 +38,12 @@ from sandbox.control.cloudbuild.dockerfile import (
     expand,
     parse_dockerfile,
 )
+from sandbox.control.cloudbuild.image_config import (
+    SCRIPT_LIMIT_BYTES,
+    ImageConfig,
+    command_words,
+    copy_destinations,
+)
 from sandbox.control.cloudbuild.workspace import DockerIgnore, Workspace, normalize
 
 BUILDKIT_HINT = "Refer to https://docs.docker.com/go/buildkit/ to learn how to build images with BuildKit enabled"
@@ -282,6 +288,7 @@ class StepOutcome:
     seconds: float
     images: dict[str, str] = field(default_factory=dict)
     jobs: int | None = None
+    config: ImageConfig | None = None  # what the built image runs (image_config.py); None when nothing was built
 
 
 def simulate_build(request: BuildRequest) -> StepOutcome:
@@ -497,6 +504,8 @@ class _StageWalk:
         memory = self.request.memory_per_job_gb
         env_by_stage: dict[int, dict[str, str | None]] = {}
         workdir_by_stage: dict[int, str] = {}
+        # ENTRYPOINT, CMD and the context files each stage holds, inherited by the stages built FROM it.
+        run_by_stage: dict[int, tuple[tuple[str, ...] | None, tuple[str, ...] | None, dict[str, str]]] = {}
         step = 0
         jobs_used: int | None = None
         for stage in self.stages:
@@ -505,6 +514,9 @@ class _StageWalk:
                 base_stage = None
             env: dict[str, str | None] = dict(env_by_stage.get(base_stage.index, {})) if base_stage else {}
             workdir = workdir_by_stage.get(base_stage.index, "/") if base_stage else "/"
+            inherited = run_by_stage.get(base_stage.index) if base_stage else None
+            entrypoint, cmd, copied = inherited or (None, None, {})
+            copied = dict(copied)
             args: dict[str, str | None] = {}
             step += 1
             self.lines += self.out.instruction(stage, 0, stage.from_instruction, step, self.total)
@@ -524,6 +536,13 @@ class _StageWalk:
                         env[key] = expand(value, {**args, **env})
                 elif inst.keyword == "WORKDIR":
                     workdir = posixpath.normpath(posixpath.join(workdir, expand(inst.value, variables)))
+                elif inst.keyword == "ENTRYPOINT":
+                    entrypoint = command_words(inst)
+                    cmd = () if cmd is None else cmd  # ENTRYPOINT resets a CMD inherited from the base image
+                elif inst.keyword == "CMD":
+                    cmd = command_words(inst)
+                for src, dest in copy_destinations(inst, variables):
+                    copied[posixpath.normpath(posixpath.join(workdir, dest))] = src
                 buildkit_flag = self._classic_refuses(inst)
                 if buildkit_flag:
                     message = f"the --{buildkit_flag} option requires BuildKit. {BUILDKIT_HINT}"
@@ -557,13 +576,41 @@ class _StageWalk:
                 self.lines += self.out.instruction(stage, position, inst, step, self.total, output)
             env_by_stage[stage.index] = env
             workdir_by_stage[stage.index] = workdir
+            run_by_stage[stage.index] = (entrypoint, cmd, copied)
         unused = sorted(
             k for k in self.build_args if k not in self.declared and k not in PROXY_ARGS and k not in PLATFORM_ARGS
         )
         digest = self._digest()
         images = {normalize_reference(tag): digest for tag in self.request.command.tags}
         self.lines += self.out.success(digest, list(self.request.command.tags), unused)
-        return StepOutcome("SUCCESS", 0, self.lines, self.sim.seconds, images, jobs=jobs_used)
+        config = self._config(env_by_stage.get(self.target.index, {}), *run_by_stage[self.target.index])
+        return StepOutcome("SUCCESS", 0, self.lines, self.sim.seconds, images, jobs=jobs_used, config=config)
+
+    def _config(
+        self,
+        env: dict[str, str | None],
+        entrypoint: tuple[str, ...] | None,
+        cmd: tuple[str, ...] | None,
+        copied: dict[str, str],
+    ) -> ImageConfig:
+        """The built image's config: the target stage's ENTRYPOINT, CMD, ENV and external base image."""
+        stage = self.target
+        parent = self.dockerfile.stage(expand(stage.base, self.meta))
+        while parent is not None and parent.index < stage.index:
+            stage, parent = parent, self.dockerfile.stage(expand(parent.base, self.meta))
+        files: dict[str, str] = {}
+        if entrypoint and entrypoint[0] in copied:
+            # A script from the build context: keep its text so the container can run it as the image would.
+            data = self.sim.ws.read(posixpath.join(self.context, normalize(copied[entrypoint[0]])))
+            if data is not None and len(data) <= SCRIPT_LIMIT_BYTES:
+                files[entrypoint[0]] = data.decode("utf-8", "replace")
+        return ImageConfig(
+            base=expand(stage.base, self.meta),
+            entrypoint=entrypoint,
+            cmd=cmd,
+            env={k: v for k, v in env.items() if v is not None},
+            files=files,
+        )
 
     def _classic_refuses(self, inst: Instruction) -> str | None:
         if self.request.buildkit or inst.keyword not in BUILDKIT_ONLY_FLAGS or not inst.flags:

@@ -29,6 +29,7 @@ from sandbox.control.cloudbuild.docker import (
     repository_of,
     simulate_build,
 )
+from sandbox.control.cloudbuild.image_config import ImageConfig
 from sandbox.control.cloudbuild.state import BuildRecord, BuildSettings, Status
 from sandbox.control.cloudbuild.storage import BuildStorage
 from sandbox.control.cloudbuild.workspace import Workspace, normalize
@@ -63,8 +64,11 @@ class BuildRunner:
         project: str,
         on_change: Callable[[], None],
         allowed: Callable[[str, str], bool] = lambda _permission, _resource: True,
+        image_configs: dict[str, ImageConfig] | None = None,
     ) -> None:
         self.record = record
+        # What each built digest runs (ENTRYPOINT, CMD, ENV), kept by the module for Cloud Run to start it.
+        self.image_configs = image_configs if image_configs is not None else {}
         # Whether the build's identity holds a permission on a resource (sandbox.authz, asked by the API module).
         self.allowed = allowed
         self.build = record.build
@@ -239,6 +243,8 @@ class BuildRunner:
             if outcome.status == "SUCCESS":
                 step.status = Status.SUCCESS
                 self.local_images.update(outcome.images)
+                if outcome.config is not None:
+                    self.image_configs.update(dict.fromkeys(outcome.images.values(), outcome.config))
                 continue
             step.status = Status.FAILURE
             step.exit_code = outcome.exit_code

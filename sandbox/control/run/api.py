@@ -27,6 +27,7 @@ from starlette.routing import BaseRoute, Route
 from sandbox import authz
 from sandbox.authz import has_permission
 from sandbox.control import ControlContext
+from sandbox.control.cloudbuild.image_config import plan_launch
 from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.run import resources as res
 from sandbox.control.run.dependencies import (
@@ -38,7 +39,7 @@ from sandbox.control.run.dependencies import (
 )
 from sandbox.control.run.egress import Internet
 from sandbox.control.run.frontend import FrontEnd, Routing
-from sandbox.control.run.images import DRIVERS
+from sandbox.control.run.images import DRIVERS, image_behaviour
 from sandbox.control.run.instances import Instance, InstanceSpec
 from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag, has_field
 from sandbox.faults import FaultMiddleware
@@ -586,17 +587,19 @@ class CloudRun:
                 f"Image '{container.image}' not found.", run_v2.Condition.CommonReason.CONTAINER_MISSING
             )
         accelerator = revision.node_selector.accelerator if dict(container.resources.limits).get(GPU_LIMIT_KEY) else ""
-        env = container_env(self.ctx, container, revision.service_account)
-        entrypoint = behaviour.entrypoint
-        argv = list(container.args)
-        if container.command:
-            entrypoint, argv = "exec-args", [*container.command, *argv]
+        # A built image runs its own ENTRYPOINT/CMD/ENV (recorded by the Cloud Build stand-in), a prebuilt one
+        # its known launcher; the container's command/args override them as on Cloud Run.
+        builds = self.ctx.module("cloudbuild")
+        config = builds.image_config(container.image) if builds is not None else None
+        base = image_behaviour(config.base) if config is not None else None
+        launch = plan_launch(config, behaviour, base, list(container.command), list(container.args))
+        env = {**launch.env, **container_env(self.ctx, container, revision.service_account)}
         return InstanceSpec(
             revision=revision.name.rsplit("/", 1)[1],
-            argv=argv,
+            argv=launch.argv,
             env=env,
-            entrypoint=entrypoint,
-            image_cuda=behaviour.cuda,
+            entrypoint=launch.entrypoint,
+            image_cuda=launch.cuda,
             accelerator=accelerator,
             driver_cuda=DRIVERS[accelerator].cuda if accelerator else 0,
             container_port=container.ports[0].container_port if container.ports else res.DEFAULT_PORT,

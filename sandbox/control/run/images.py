@@ -29,7 +29,15 @@ DRIVERS = {"nvidia-l4": GpuDriver(12020), "nvidia-rtx-pro-6000": GpuDriver(13000
 
 _KNOWN: list[tuple[re.Pattern[str], ImageBehaviour]] = [
     (re.compile(rf"^{re.escape(MODEL_GARDEN_REPO)}[:@]"), ImageBehaviour("exec-args", 12020)),
-    (re.compile(r"^(docker\.io/)?vllm/vllm-openai([:@]|$)"), ImageBehaviour("vllm-serve", 12090)),
+    # Docker Hub under each of its host names (any case: DNS) and Google's Hub cache mirror.gcr.io pull the same
+    # image (distribution/reference normalize.go; cloud.google.com/artifact-registry/docs/pull-cached-dockerhub-images).
+    (
+        re.compile(
+            r"^(?i:(?:docker\.io|index\.docker\.io|registry-1\.docker\.io|registry\.hub\.docker\.com|mirror\.gcr\.io)/)?"
+            r"vllm/vllm-openai([:@]|$)"
+        ),
+        ImageBehaviour("vllm-serve", 12090),
+    ),
     # Images built into Artifact Registry from vLLM's Dockerfiles: entrypoint `vllm serve`, CPU or GPU build.
     (re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev/[^/]+/[^/]+/[^:@]*cpu[^:@]*([:@]|$)"), ImageBehaviour("vllm-serve", 0)),
     (re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev/"), ImageBehaviour("vllm-serve", 12020)),
