@@ -126,3 +126,12 @@ def _split_domain(name: str) -> tuple[str, str]:
     if domain in (DEFAULT_DOMAIN, *DOCKER_HUB_MIRRORS):
         path = _hub_path(path)
     return domain, path
+
+
+def same_repository(image: str, other: str) -> bool:
+    """Whether two references name the same repository, however spelt (registry host case, Docker Hub aliases);
+    False when either is not a valid reference."""
+    try:
+        return parse_image_reference(image).name == parse_image_reference(other).name
+    except InvalidImageReference:
+        return False

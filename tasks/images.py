@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks.build_context import context_files
-from tasks.image_reference import InvalidImageReference, parse_image_reference
+from tasks.image_reference import InvalidImageReference, parse_image_reference, same_repository
 
 DOCKER_BUILDER = "gcr.io/cloud-builders/docker"
 GENERIC_VLLM_IMAGE = "vllm/vllm-openai"  # on Docker Hub; the CUDA it is built for is newer than the L4 driver
@@ -170,6 +171,51 @@ def render_build_yaml(build_request: cloudbuild_v1.Build) -> str:
     data = json_format.MessageToDict(cloudbuild_v1.Build.pb(build_request))
     data.pop("source", None)  # gcloud uploads the folder given on its command line
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def _dockerfile_instructions(text: str) -> list[list[str]]:
+    """A Dockerfile's instructions as words, continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\[ \t]*\n", " ", text)
+    lines = (line.strip() for line in joined.splitlines())
+    return [line.split() for line in lines if line and not line.startswith("#")]
+
+
+def final_stage(dockerfile: Path) -> tuple[str | None, bool]:
+    """The base image the last stage of ``dockerfile`` ends up on (stage names followed) and whether it, or a stage
+    it builds on, sets its own ENTRYPOINT (Dockerfile reference: an ENTRYPOINT is inherited from the base image
+    unless the stage sets one, https://docs.docker.com/reference/dockerfile/#entrypoint)."""
+    stages: dict[str, tuple[str, bool]] = {}
+    base: str | None = None
+    current: str | None = None
+    entrypoint = False
+    for words in _dockerfile_instructions(dockerfile.read_text(encoding="utf-8", errors="replace")):
+        instruction = words[0].upper()
+        if instruction == "FROM":
+            args = [w for w in words[1:] if not w.startswith("--")]
+            if not args:
+                continue
+            base, entrypoint = stages.get(args[0].lower(), (args[0], False))
+            if len(args) >= 3 and args[1].upper() == "AS":
+                stages[args[2].lower()] = (base, entrypoint)
+            current = args[2].lower() if len(args) >= 3 and args[1].upper() == "AS" else None
+        elif instruction == "ENTRYPOINT" and base is not None:
+            entrypoint = True
+            if current:
+                stages[current] = (base, True)
+    return base, entrypoint
+
+
+def keeps_model_garden_launcher(build: ImageBuild) -> bool:
+    """Whether a local source's image ends on Google's Model Garden vLLM image without an ENTRYPOINT of its own:
+    it keeps the launcher that execs its args (seed 000), so they must begin ``vllm serve``. Only a folder can be
+    read before the build; a git source and the recipes are taken as ``vllm serve`` images."""
+    if build.recipe or not build.source_dir:
+        return False
+    dockerfile = Path(os.path.expanduser(build.source_dir)) / build.dockerfile
+    if not dockerfile.is_file():
+        return False
+    base, entrypoint = final_stage(dockerfile)
+    return base is not None and not entrypoint and same_repository(base, MODEL_GARDEN_VLLM_IMAGE)
 
 
 def check_local_source(build: ImageBuild) -> Path | None:

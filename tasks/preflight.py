@@ -17,13 +17,13 @@ from pydantic import BaseModel
 from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
 from blocks.profile import CPU_MODE_ENV, DISALLOWED_MOUNT_ROOTS, MAX_CONCURRENCY, ServingProfile
 from blocks.target import GcpTarget
+from tasks.image_reference import same_repository
 from tasks.images import check_local_source, prebuilt_findings
 from tasks.render import (
     COMPILE_S,
     CPU_PROBE_LIMIT_S,
     ENGINE_START_S,
     GPU_PROBE_LIMIT_S,
-    MODEL_GARDEN_REPO,
     PROBE_INITIAL_DELAY_S,
     PROBE_PERIOD_S,
     probe_failure_threshold,
@@ -188,7 +188,7 @@ def check_service(profile: ServingProfile, service: run_v2.Service) -> list[Find
     template = service.template
     container = template.containers[0]
     args = list(container.args)
-    if container.image.startswith(MODEL_GARDEN_REPO) and args[:2] != ["vllm", "serve"]:
+    if same_repository(container.image, MODEL_GARDEN_VLLM_IMAGE) and args[:2] != ["vllm", "serve"]:
         findings.append(
             _error(
                 "args",

@@ -28,6 +28,8 @@ from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
 from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
+from tasks.image_reference import same_repository
+from tasks.images import keeps_model_garden_launcher
 
 PROBE_INITIAL_DELAY_S = 5
 PROBE_PERIOD_S = 2
@@ -36,7 +38,6 @@ PROBE_MIN_THRESHOLD = 120  # seed 001: 2 s x 120 is four minutes of patience
 ENGINE_START_S = 60  # engine init, KV profiling and API start on top of reading the weights
 COMPILE_S = 330  # torch.compile + CUDA graph capture without --enforce-eager (lesson 3: "over 5 minutes")
 GPU_PROBE_LIMIT_S, CPU_PROBE_LIMIT_S = 1800, 600
-MODEL_GARDEN_REPO = MODEL_GARDEN_VLLM_IMAGE.rsplit(":", 1)[0]
 VOLUME = "model-weights"
 CONTAINER = "vllm"
 EntrypointStyle = Literal["exec-args", "vllm-serve", "env-wrapper"]
@@ -59,7 +60,10 @@ class Weights:
 
 def entrypoint_style(image: str, profile: ServingProfile) -> EntrypointStyle:
     """How the image turns container args into a server (seed 000: the Model Garden launcher execs them)."""
-    if image.startswith(MODEL_GARDEN_REPO):
+    # Google's image itself (however spelt), or a local build FROM it that keeps its launcher as ENTRYPOINT.
+    if same_repository(image, MODEL_GARDEN_VLLM_IMAGE):
+        return "exec-args"
+    if profile.build is not None and keeps_model_garden_launcher(profile.build):
         return "exec-args"
     if profile.build is not None and profile.build.recipe == "serve-wrapper":
         return "env-wrapper"

@@ -44,6 +44,13 @@ FROM {MODEL_GARDEN_VLLM_IMAGE}
 COPY chat-template.jinja /templates/chat-template.jinja
 ENTRYPOINT ["vllm", "serve"]
 """
+# The same without an ENTRYPOINT: the image keeps Google's launcher, which execs its args (seed 000), so the render
+# must give it `vllm serve ...` as for the pinned image (tasks/images.py keeps_model_garden_launcher).
+LAUNCHER_DOCKERFILE = f"""\
+FROM {MODEL_GARDEN_VLLM_IMAGE} AS base
+COPY chat-template.jinja /templates/chat-template.jinja
+FROM base
+"""
 # The shape of vLLM's own Dockerfiles: a CUDA base, a setuptools-scm build that needs .git, max_jobs compile
 # jobs, and the vllm-openai stage whose entrypoint is `vllm serve`.
 VLLM_LIKE_DOCKERFILE = """\
@@ -71,10 +78,10 @@ def vllm_like_repo(root: Path, dockerfile_path: str, base: str, tag: str) -> Pat
     return repo
 
 
-def local_folder(root: Path) -> Path:
+def local_folder(root: Path, dockerfile: str = LOCAL_DOCKERFILE) -> Path:
     folder = root / f"src-{next(_ids)}"
     folder.mkdir()
-    (folder / "Dockerfile").write_text(LOCAL_DOCKERFILE)
+    (folder / "Dockerfile").write_text(dockerfile)
     (folder / "chat-template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}\n")
     return folder
 
@@ -91,6 +98,9 @@ def strategy(name: str, tmp_path: Path) -> tuple[str, dict]:
         return "cpu", {"build": {"recipe": "vllm-cpu", "git_url": f"file://{repo}", "max_jobs_ladder": [8]}}
     if name == "local-folder":
         return "l4", {"build": {"source_dir": str(local_folder(tmp_path)), "image_name": "vllm-custom"}}
+    if name == "local-folder-launcher":
+        folder = local_folder(tmp_path, LAUNCHER_DOCKERFILE)
+        return "l4", {"build": {"source_dir": str(folder), "image_name": "vllm-launcher"}}
     if name == "git-source":
         repo = vllm_like_repo(tmp_path, "docker/Dockerfile", "nvidia/cuda:12.1.1-devel-ubuntu22.04", "v1.0")
         build = {"git_url": f"file://{repo}", "git_ref": "v1.0", "dockerfile": "docker/Dockerfile",
@@ -107,6 +117,7 @@ CASES = [
     ("vllm-cpu", "gcs-volume"),
     ("local-folder", "gcs-volume"),
     ("local-folder", "runai-streamer"),
+    ("local-folder-launcher", "gcs-volume"),
     ("git-source", "gcs-volume"),
     ("git-source", "runai-streamer"),
 ]
