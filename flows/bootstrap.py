@@ -31,6 +31,9 @@ from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
 from flows.common import DEFAULT_TARGET
 from flows.project import PROJECT_DIR
+from tasks.infra import get_or_create_service_account
+from tasks.permissions import DEPLOYER_ROLES, grant_command
+from tasks.work_pool import build_worker_image, cloud_run_base_job_template, ensure_work_pool, runner_service_account
 
 POOL_TYPES = ("process", "cloud-run-v2")
 TOKEN_BLOCK = "hf-token"
@@ -110,13 +113,6 @@ def _credentials(key_file: str | None) -> GcpCredentials:
 
 def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Namespace) -> str:
     """The deployments' work pool, created or repaired; a Cloud Run pool gets our job variables as defaults."""
-    from tasks.work_pool import (
-        build_worker_image,
-        cloud_run_base_job_template,
-        ensure_work_pool,
-        runner_service_account,
-    )
-
     template = None
     if pool_type == "cloud-run-v2":
         image = args.worker_image
@@ -142,9 +138,6 @@ def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Nam
 def runner_account(target: GcpTarget, email: str) -> str:
     """The identity the pool's jobs run as: made when it belongs to the project and is missing, and the roles it
     needs, as the commands that grant them (granting project roles is the project owner's call, not ours)."""
-    from tasks.infra import get_or_create_service_account
-    from tasks.permissions import DEPLOYER_ROLES, grant_command
-
     lines = []
     if email.endswith(f"@{target.project}.iam.gserviceaccount.com"):
         result = get_or_create_service_account(
@@ -251,8 +244,6 @@ def _deploy(args: argparse.Namespace) -> int:
     prefect_file = (PROJECT_DIR / args.prefect_file).resolve()
     pool = pipeline_pool(prefect_file)
     if _pool_type(pool) is None:
-        from tasks.work_pool import ensure_work_pool
-
         print(f"work pool '{pool}' (process): {ensure_work_pool(pool, 'process', None)}")
     for line in deploy(prefect_file):
         print(f"schedule {line}")

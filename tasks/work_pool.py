@@ -32,7 +32,7 @@ from tasks.logs import run_logger
 PoolType = Literal["process", "cloud-run-v2"]
 PoolAction = Literal["created", "unchanged", "updated"]
 WORKER_IMAGE_NAME = "hf-cloudrun-pipeline"
-# The identity flow runs on the Cloud Run pool run as (prefect.yaml, definitions.work_pools.cloud_run); GcpTarget
+# The identity flow runs on the Cloud Run pool run as (bootstrap creates it when missing); GcpTarget
 # names only the serving and build accounts.
 RUNNER_ACCOUNT_ID = "pipeline-runner"
 CREDENTIALS_BLOCK_TYPE = "gcp-credentials"
