@@ -1,4 +1,4 @@
-"""`python -m bench`: every benchmark in one command (promotion, readiness, cost, then staging)."""
+"""`python -m bench`: every benchmark in one command (promotion, readiness, cost, rollback, then staging)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 def main() -> int:
     quick = "--quick" in sys.argv
     status = subprocess.call([sys.executable, "-m", "bench.promotion"])
+    status = status or subprocess.call([sys.executable, "-m", "bench.rollback"])
     sizes = "1" if quick else "1,4"
     return status or subprocess.call([sys.executable, "-m", "bench.staging", "--sizes-gib", sizes, "--repeat", "3"])
 

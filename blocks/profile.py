@@ -135,6 +135,14 @@ class ServingProfile(Block):
     concurrency: int | None = Field(
         None, ge=1, le=MAX_CONCURRENCY, description="Requests per instance; defaults to 2 x vllm.max_num_seqs."
     )
+    watch_samples: int = Field(
+        10,
+        ge=0,
+        le=1440,
+        description="After traffic moves (and at each canary step), watch the new revision's Cloud Monitoring "
+        "metrics for this many sampling periods (Cloud Run samples every 60 s: 10 is 10 minutes) and move traffic "
+        "back on a breach; 0 = no watch.",
+    )
     request_timeout_seconds: int = Field(600, ge=1, le=3600, description="Cloud Run request timeout.")
     execution_environment: Literal["gen1", "gen2"] = Field("gen2", description="Cloud Run execution environment.")
     cpu_always_allocated: bool = Field(True, description="CPU outside requests; GPU services require it.")

@@ -36,6 +36,7 @@ class ApiEndpoints(BaseModel):
     secretmanager: str | None = Field(None, description="Secret Manager API v1")
     artifactregistry: str | None = Field(None, description="Artifact Registry API v1")
     logging: str | None = Field(None, description="Cloud Logging API v2 (revision logs)")
+    monitoring: str | None = Field(None, description="Cloud Monitoring API v3 (watching a promotion's metrics)")
     storage: str | None = Field(None, description="Cloud Storage JSON API (e.g. a fake-gcs-server URL)")
     serviceusage: str | None = Field(None, description="Service Usage API (doctor: enabled APIs, GPU quota)")
     cloudresourcemanager: str | None = Field(
@@ -125,6 +126,20 @@ class GcpTarget(Block):
     )
     operation_poll_seconds: float | None = Field(
         None, gt=0, le=60, description="Polling interval for long-running operations; the client default when empty."
+    )
+    metrics_sample_seconds: float = Field(
+        60,
+        gt=0,
+        le=3600,
+        description="How often Cloud Monitoring samples the Cloud Run request metrics (60 s, Google Cloud metrics "
+        "'run'): a promotion's watch reads them at this period and watches a whole number of these periods.",
+    )
+    metrics_delay_seconds: float = Field(
+        180,
+        ge=0,
+        le=3600,
+        description="How long a sample may take to become visible (Cloud Run: up to 180 s): a traffic step is judged "
+        "whole only once its window's samples can all be seen.",
     )
 
     @field_validator("project")

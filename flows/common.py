@@ -16,11 +16,12 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.events import emit_event
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from blocks.images import ImageBuild
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
+from tasks.delivery import WatchOptions, check_canary
 from tasks.schedules import WarmHours
 
 M = TypeVar("M", bound=BaseModel)
@@ -49,6 +50,13 @@ class ModelSpec(BaseModel):
     build: ImageBuild | None = None
     load_mode: str | None = None
     schedule: WarmHours | None = None
+    canary: list[int] | None = None
+    watch: WatchOptions | None = None
+
+    @field_validator("canary")
+    @classmethod
+    def _canary(cls, value: list[int] | None) -> list[int] | None:
+        return check_canary(value) if value is not None else None
 
 
 SPEC_KEYS = set(ModelSpec.model_fields)

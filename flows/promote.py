@@ -12,6 +12,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import run_v2
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
+from pydantic import BaseModel
 
 from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
@@ -23,19 +24,41 @@ from tasks import access, act_as, build_identity, clients, infra
 from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.cloudrun import (
     CANDIDATE_TAG,
+    Candidate,
     run_abandon_candidate,
     run_deploy_candidate,
     run_promote_candidate,
+    run_release_previous,
+    run_shift_to_canary,
     run_verify_candidate,
     service_id_for,
     service_path,
 )
 from tasks.cost import estimate
-from tasks.gcp import explain_forbidden
+from tasks.delivery import (
+    PREVIOUS_TAG,
+    RolledBack,
+    StepResult,
+    WatchBreached,
+    WatchOptions,
+    check_canary,
+    describe_split,
+    monitoring_read_revision,
+    monitoring_watch_revision,
+)
+from tasks.doctor import gpu_quota_limit
+from tasks.gcp import InfraError, explain_forbidden
 from tasks.hub import read_json_file, resolve_model
 from tasks.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.logs import run_logger
-from tasks.preflight import ModelFacts, check_model, check_profile, check_service, raise_on_errors
+from tasks.preflight import (
+    ModelFacts,
+    check_canary_quota,
+    check_model,
+    check_profile,
+    check_service,
+    raise_on_errors,
+)
 from tasks.probe import VerifyOptions
 from tasks.progress import artifact_key
 from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
@@ -156,6 +179,8 @@ def promote_model(
     allow_patterns: list[str] | None = None,
     ignore_patterns: list[str] | None = None,
     verify: VerifyOptions | None = None,
+    canary: list[int] | None = None,
+    watch: WatchOptions | None = None,
     dry_run: bool = False,
     warm_hours_per_week: float | None = None,
     spec_file: str | None = None,
@@ -163,13 +188,16 @@ def promote_model(
     """Promote a Hugging Face model to a healthy vLLM revision on Cloud Run GPUs.
 
     Stages the weights in the target's bucket, ensures the infrastructure, pins or builds the image, deploys a
-    `candidate` revision with no traffic, verifies it (health, models, a chat completion), then moves all
-    traffic to it. On failure traffic stays where it was. The image strategy is the profile's unless the run
-    gives one: `image` (a pinned prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a
-    recipe, with the OOM ladder). `dry_run` stops after preflight and rendering and shows the plan, the gcloud
-    equivalent and the Cloud Build YAML. `spec_file` (a file in deployments/) supplies any parameter not given;
-    without either, revision is main, profile l4, target production. The report's cost assumes the file's business
-    hours (`schedule:`, default 55 h a week) unless `warm_hours_per_week` is given.
+    `candidate` revision with no traffic and verifies it (health, models, a chat completion). Traffic then moves in
+    the `canary` steps (e.g. [10, 50]) and to 100 %, each step watched on the revision's Cloud Monitoring metrics
+    (`watch`: sampling periods and the 5xx ratio / p95 SLO; the profile's watch_samples by default). A breach moves
+    traffic back to the revision that served before, emits `model.rolled_back` and fails the run; any other failure
+    leaves traffic where it was. The image strategy is the profile's unless the run gives one: `image` (a pinned
+    prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a recipe, with the OOM ladder).
+    `dry_run` stops after preflight and rendering and shows the plan, the gcloud equivalent and the Cloud Build
+    YAML. `spec_file` (a file in deployments/) supplies any parameter not given; without either, revision is main,
+    profile l4, target production. The report's cost assumes the file's business hours (`schedule:`, default 55 h
+    a week) unless `warm_hours_per_week` is given.
     """
     spec = read_spec(spec_file)
     model = model or spec.get("model")
@@ -203,7 +231,11 @@ def promote_model(
             "token_secret_block": token_secret_block or spec.get("token_secret_block"),
             "hub_endpoint": hub_endpoint or spec.get("hub_endpoint"),
         })  # fmt: skip
-        _promote(report, gcp, serving, source, service_id, verify, dry_run)
+        delivery = Delivery(
+            canary=check_canary(canary if canary is not None else spec.get("canary")),
+            watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
+        )
+        _promote(report, gcp, serving, source, service_id, verify, delivery, dry_run)
     except Exception as exc:
         report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
         _where_traffic_stands(report, gcp, service_id)
@@ -220,10 +252,12 @@ def _promote(
     source: ModelSource,
     service_id: str,
     verify: VerifyOptions | None,
+    delivery: Delivery,
     dry_run: bool,
 ) -> None:
     log = run_logger()
     options = StagingOptions()
+    samples = delivery.samples(profile)
     if target.doctor_before_promote:
         with report.step("doctor"):
             # Read-only project checks first: a disabled API or a missing role fails here, before anything is spent.
@@ -232,6 +266,14 @@ def _promote(
         report.findings = raise_on_errors(check_profile(profile, target, service_id))
         if profile.hf_token_at_runtime and clients.hub_token(source) is None:
             raise ValueError(_NO_RUNTIME_TOKEN)
+        if delivery.canary and samples == 0:
+            raise ValueError(
+                f"canary: {delivery.canary} needs each step watched, but the watch is off (watch.samples or the "
+                "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
+            )
+        if delivery.canary and profile.gpu_type and not dry_run:  # the region's quota, read as doctor reads it
+            quota = gpu_quota_limit(target, profile)
+            report.findings += raise_on_errors(check_canary_quota(profile, delivery.canary, quota, target.region))
     with report.step("resolve"):
         commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, options)
         report.commit = commit
@@ -272,6 +314,7 @@ def _promote(
             report.candidate_url = candidate.url if not candidate.unchanged else None
             report.service_url = candidate.service_url
             report.previous_revision = candidate.previous_revision
+            report.candidate_revision = candidate.revision
         if candidate.unchanged:
             report.outcome = "unchanged"
             report.serving_revision = candidate.revision
@@ -279,16 +322,94 @@ def _promote(
             with report.step("verify"):
                 try:
                     report.verification = run_verify_candidate(target, candidate, source.served_model_name, verify)
+                    if samples:  # a watch that cannot read the metrics must fail before traffic moves, not after
+                        monitoring_read_revision(target, service_id, candidate.revision)
                 except Exception:
                     run_abandon_candidate(target, service_id, candidate)
                     raise
-            with report.step("promote"):
-                run_promote_candidate(target, service_id, candidate)
-                report.outcome = "promoted"
-                report.serving_revision = candidate.revision
+            _deliver(report, target, service_id, candidate, delivery, samples)
         with report.step("invokers"):
             access.run_ensure_invokers(target, service_id)
         _where_traffic_stands(report, target, service_id)
+
+
+class Delivery(BaseModel):
+    """How traffic moves once the candidate is verified: the canary steps and the watch of each."""
+
+    canary: list[int]
+    watch: WatchOptions
+
+    def samples(self, profile: ServingProfile) -> int:
+        return self.watch.samples if self.watch.samples is not None else profile.watch_samples
+
+
+def _deliver(
+    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
+    samples: int,
+) -> None:  # fmt: skip
+    """Canary steps, then all traffic to the candidate, each step watched; a breach moves traffic back."""
+    log = run_logger()
+    canary = delivery.canary
+    if canary and not candidate.previous_traffic:
+        log.info("canary %s skipped: a first deploy has no serving revision to split traffic with", canary)
+        canary = []
+    for percent in canary:
+        step = f"canary {percent} %"
+        with report.step(step):
+            split = run_shift_to_canary(target, service_id, candidate, percent)
+            result = _watch(target, service_id, candidate, delivery.watch, samples, step, split)
+            report.delivery.append(result)
+            if result.breached:
+                _roll_back(target, service_id, candidate, result)
+    with report.step("promote"):
+        service = run_promote_candidate(target, service_id, candidate, keep_previous=samples > 0)
+        report.outcome = "promoted"
+        report.serving_revision = candidate.revision
+    if samples == 0:
+        return
+    with report.step("watch"):
+        previous_url = next((s.uri for s in service.traffic_statuses if s.tag == PREVIOUS_TAG), None)
+        keep_warm = (previous_url, candidate.service_url) if previous_url else None
+        alone = [(candidate.revision, 100)]
+        result = _watch(target, service_id, candidate, delivery.watch, samples, "watch 100 %", alone, keep_warm)
+        report.delivery.append(result)
+        if result.breached:
+            _roll_back(target, service_id, candidate, result)
+    if candidate.previous_revision:
+        run_release_previous(target, service_id, candidate)
+
+
+def _watch(
+    target: GcpTarget, service_id: str, candidate: Candidate, watch: WatchOptions, samples: int, step: str,
+    split: list[tuple[str, int]], keep_warm: tuple[str, str] | None = None,
+) -> StepResult:  # fmt: skip
+    """One step's watch (its own task run); when it cannot judge (the metrics unreadable past their retries),
+    traffic goes back as on a breach: a run that failed leaves traffic where it was."""
+    try:
+        return monitoring_watch_revision(target, service_id, candidate.revision, watch, samples, step, split,
+                                         keep_warm)  # fmt: skip
+    except Exception as exc:
+        if not candidate.previous_traffic:
+            raise
+        run_abandon_candidate(target, service_id, candidate)
+        raise InfraError(
+            f"{step}: the watch could not judge the candidate ({exc}); traffic is back on "
+            f"{describe_split(candidate.previous_traffic)}"
+        ) from exc
+
+
+def _roll_back(target: GcpTarget, service_id: str, candidate: Candidate, result: StepResult) -> None:
+    """Traffic back to where it was before the run, then the run fails saying what was seen."""
+    if not candidate.previous_traffic:
+        raise WatchBreached(
+            f"{result.step} breached the SLO: {result.reason}. Nothing served before this run, so {candidate.revision} "
+            "still serves: fix the model and promote again, or remove the service with teardown"
+        )
+    run_abandon_candidate(target, service_id, candidate)
+    raise RolledBack(
+        f"{result.step} breached the SLO: {result.reason}; traffic is back on "
+        f"{describe_split(candidate.previous_traffic)}"
+    )
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
@@ -331,9 +452,11 @@ def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> Non
             link_text=f"Cloud Build log of {report.attempts[-1].build_id}",
             key=artifact_key(f"build-log-{service_id}"),
         )
-    event = "model.promotion_failed" if report.outcome == "failed" else "model.promoted"
+    events = {"failed": "model.promotion_failed", "rolled-back": "model.rolled_back"}
+    event = events.get(report.outcome, "model.promoted")
     if report.outcome != "dry-run":
         emit(event, target, service_id, {
             "model": report.model, "commit": report.commit, "outcome": report.outcome, "reason": report.reason,
             "revision": report.serving_revision, "traffic": report.traffic,
+            "steps": [step.model_dump() for step in report.delivery],
         })  # fmt: skip

@@ -26,6 +26,7 @@ class ConfigUpdate(BaseModel):
     cpu_quota: float | None = None
     memory_quota_gib: float | None = None
     iam_propagation_seconds: float | None = Field(None, ge=0)
+    monitoring_delay_seconds: float | None = Field(None, ge=0)
     caller: str | None = Field(None, pattern=r"^(user|serviceAccount|group):[^@\s]+@[^@\s]+$")
     disabled_apis: list[str] | None = None
     org_policies: dict[str, dict] | None = None

@@ -57,6 +57,13 @@ class SandboxConfig(BaseModel):
         description="loopback port of the metadata server stand-in (0 = any free port); google-auth finds it through "
         "GCE_METADATA_HOST / GCE_METADATA_IP, which must be set before it is imported (sandbox/metadata.py)",
     )
+    monitoring_delay_seconds: float = Field(
+        180,
+        ge=0,
+        description="simulated seconds after a Cloud Monitoring sampling period ends before its points are visible to "
+        "timeSeries.list (Google's metrics list for run.googleapis.com: 'Sampled every 60 seconds. After sampling, "
+        "data is not visible for up to 180 seconds.')",
+    )
     iam_propagation_seconds: float = Field(
         60,
         ge=0,

@@ -29,6 +29,7 @@ SERVED_APIS: tuple[str, ...] = (
     "secretmanager.v1",
     "artifactregistry.v1",
     "logging.v2",
+    "monitoring.v3",
     "storage.v1",
     "serviceusage.v1",
     "serviceusage.v1beta1",  # consumerQuotaMetrics (GPU quota) exist only in v1beta1

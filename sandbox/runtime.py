@@ -136,12 +136,16 @@ class SandboxRuntime:
                     "secretmanager": control,
                     "artifactregistry": control,
                     "logging": control,
+                    "monitoring": control,
                     "serviceusage": control,
                     "cloudresourcemanager": control,
                     "orgpolicy": control,
                     "storage": self.servers["gcs"].url,
                 },
                 "operation_poll_seconds": 0.05,
+                # Cloud Monitoring sampling period and visibility delay, sandbox clock (sandbox/control/monitoring)
+                "metrics_sample_seconds": 60 * self.config.time_scale,
+                "metrics_delay_seconds": self.config.monitoring_delay_seconds * self.config.time_scale,
             },
             "hub": {
                 "endpoint": self.servers["hub"].url,

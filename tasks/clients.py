@@ -25,6 +25,7 @@ from blocks.target import GcpTarget
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 IAM_DEFAULT_ENDPOINT = "https://iam.googleapis.com"
 LOGGING_DEFAULT_ENDPOINT = "https://logging.googleapis.com"
+MONITORING_DEFAULT_ENDPOINT = "https://monitoring.googleapis.com"
 SERVICEUSAGE_DEFAULT_ENDPOINT = "https://serviceusage.googleapis.com"
 HUB_DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -144,6 +145,12 @@ def iam(target: GcpTarget) -> GoogleRest:
 def logging_api(target: GcpTarget) -> GoogleRest:
     """Cloud Logging API v2 (revision logs): reading entries needs one method, not google-cloud-logging."""
     return _google_rest(target, "logging", LOGGING_DEFAULT_ENDPOINT, "v2")
+
+
+def monitoring(target: GcpTarget) -> GoogleRest:
+    """Cloud Monitoring API v3 (``timeSeries.list``): google-cloud-monitoring 2.32.0 ships gRPC transports only,
+    and the product's clients are REST throughout (one endpoint per API in GcpTarget.endpoints)."""
+    return _google_rest(target, "monitoring", MONITORING_DEFAULT_ENDPOINT, "v3")
 
 
 def service_usage(target: GcpTarget):

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, SecretStr
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
+from tasks.delivery import PREVIOUS_TAG, canary_split
 from tasks.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.logs import run_logger
 from tasks.preflight import CANDIDATE_TAG
@@ -215,10 +216,39 @@ def _first_deploy(target: GcpTarget, service_id: str, spec: run_v2.Service) -> C
     )  # fmt: skip
 
 
-def promote_candidate(target: GcpTarget, service_id: str, candidate: Candidate) -> run_v2.Service:
-    """All traffic to the candidate; its tag goes away (the previous revision stays, named, for rollback)."""
+def promote_candidate(
+    target: GcpTarget, service_id: str, candidate: Candidate, keep_previous: bool = False
+) -> run_v2.Service:
+    """All traffic to the candidate; its tag goes away (the previous revision stays, named, for rollback).
+
+    ``keep_previous``: the revision that served before keeps a ``previous`` tag at 0 %, so it stays addressable
+    (and its minimum instances warm) while the promotion is watched; ``release_previous`` drops it."""
+    traffic = _pinned([(candidate.revision, 100)])
+    if keep_previous and candidate.previous_revision:
+        traffic.append(
+            run_v2.TrafficTarget(type_=BY_REVISION, revision=candidate.previous_revision, percent=0, tag=PREVIOUS_TAG)
+        )
     with gcp_errors("run", "roles/run.developer", f"promoting {candidate.revision}", target.project):
-        return _set_traffic(target, service_id, _pinned([(candidate.revision, 100)]))
+        return _set_traffic(target, service_id, traffic)
+
+
+def shift_to_canary(target: GcpTarget, service_id: str, candidate: Candidate, percent: int) -> list[tuple[str, int]]:
+    """The candidate takes ``percent`` of traffic (keeping its tag), the revisions that served before the rest."""
+    split = canary_split(candidate.previous_traffic, candidate.revision, percent)
+    traffic = [
+        run_v2.TrafficTarget(type_=BY_REVISION, revision=revision, percent=share,
+                             tag=CANDIDATE_TAG if revision == candidate.revision else "")
+        for revision, share in split
+    ]  # fmt: skip
+    with gcp_errors("run", "roles/run.developer", f"moving {percent} % to {candidate.revision}", target.project):
+        _set_traffic(target, service_id, traffic)
+    return split
+
+
+def release_previous(target: GcpTarget, service_id: str, candidate: Candidate) -> None:
+    """The watch is over and held: the previous revision's tag goes, so it scales to zero."""
+    with gcp_errors("run", "roles/run.developer", f"untagging {candidate.previous_revision}", target.project):
+        _set_traffic(target, service_id, _pinned([(candidate.revision, 100)]))
 
 
 def abandon_candidate(target: GcpTarget, service_id: str, candidate: Candidate) -> None:
@@ -419,5 +449,7 @@ run_deploy_candidate = task(name="run_deploy_candidate")(deploy_candidate)
 run_verify_candidate = task(name="run_verify_candidate")(verify_candidate)
 run_promote_candidate = task(name="run_promote_candidate")(promote_candidate)
 run_abandon_candidate = task(name="run_abandon_candidate")(abandon_candidate)
+run_shift_to_canary = task(name="run_shift_to_canary")(shift_to_canary)
+run_release_previous = task(name="run_release_previous")(release_previous)
 run_rollback = task(name="run_rollback")(rollback)
 run_scale_service = task(name="run_scale_service")(scale_service)

@@ -21,6 +21,7 @@ from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
 from tasks.build_identity import BUILD_BUCKET_ROLE, REPOSITORY_ROLE
+from tasks.gcp import gcp_errors
 from tasks.infra import repository_path
 from tasks.permissions import (
     ACT_AS,
@@ -62,6 +63,7 @@ ALWAYS_APIS = (
     "iam.googleapis.com",
     "storage.googleapis.com",
     "logging.googleapis.com",
+    "monitoring.googleapis.com",
     "serviceusage.googleapis.com",
     "cloudresourcemanager.googleapis.com",
 )
@@ -262,6 +264,20 @@ def _effective_limit(metric: dict, region: str) -> int | None:
             if not dimensions:
                 default = value
     return default
+
+
+def gpu_quota_limit(target: GcpTarget, profile: ServingProfile) -> int | None:
+    """The region's GPU quota for the profile's GPU, as doctor's quota check reads it (-1 = unlimited; None: no
+    limit set for the region). Raises InfraError, naming the API to enable or the role to grant, when unreadable."""
+    assert profile.gpu_type is not None
+    metric = gpu_quota_metric(profile.gpu_type, profile.gpu_zonal_redundancy)
+    quotas = clients.quotas(target)
+    path = f"projects/{target.project}/services/run.googleapis.com/consumerQuotaMetrics/{quote(metric, safe='')}"
+    with gcp_errors("serviceusage", "roles/serviceusage.serviceUsageViewer", f"reading {metric}", target.project):
+        response = quotas.session.get(quotas.url(path))
+        if response.status_code != 200:
+            raise gexc.from_http_response(response)
+    return _effective_limit(response.json(), target.region)
 
 
 def check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> Check:

@@ -61,6 +61,8 @@ SERVICES = {
     "artifactregistry": ("Artifact Registry", "artifactregistry.googleapis.com"),
     "cloudbuild": ("Cloud Build", "cloudbuild.googleapis.com"),
     "logging": ("Cloud Logging", "logging.googleapis.com"),
+    "monitoring": ("Cloud Monitoring", "monitoring.googleapis.com"),
+    "serviceusage": ("Service Usage", "serviceusage.googleapis.com"),
 }
 DISABLED_MARKERS = ("has not been used in project", "it is disabled", "SERVICE_DISABLED", "API has not been")
 

@@ -126,6 +126,13 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
         purpose="a revision that fails to start: its container log goes into the error",
     ),
     RoleNeed(
+        "roles/monitoring.viewer",
+        "Monitoring Viewer",
+        "always (the watch after each traffic move; not with watch_samples 0)",
+        {"monitoring.timeSeries.list": "watch a promotion: the new revision's request count and latency"},
+        purpose="watch a promotion on the new revision's Cloud Run request metrics (5xx ratio, p95), and roll back",
+    ),
+    RoleNeed(
         "roles/secretmanager.admin",
         "Secret Manager Admin",
         "the profile sets hf_token_at_runtime",
@@ -185,9 +192,10 @@ DOCTOR_ROLES: tuple[RoleNeed, ...] = (
         DOCTOR,
         {
             "serviceusage.services.get": "doctor: the APIs the pipeline calls are enabled (services.batchGet)",
-            "serviceusage.quotas.get": "doctor: the Cloud Run GPU quota covers max_instances",
+            "serviceusage.quotas.get": "doctor: the Cloud Run GPU quota covers max_instances; promote-model with a "
+            "canary on GPUs: the quota holds the candidate beside the serving revision",
         },
-        purpose="doctor: the APIs the pipeline calls are enabled; the GPU quota",
+        purpose="doctor: the APIs the pipeline calls are enabled; the GPU quota (also read by a canary's preflight)",
     ),
     RoleNeed(
         "roles/orgpolicy.policyViewer",

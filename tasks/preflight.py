@@ -399,3 +399,23 @@ def raise_on_errors(findings: list[Finding]) -> list[Finding]:
     if any(f.severity == "error" for f in findings):
         raise PreflightError(findings)
     return findings
+
+
+def check_canary_quota(profile: ServingProfile, canary: list[int], quota: int | None, region: str) -> list[Finding]:
+    """A canary runs the candidate beside the serving revision: one more GPU instance than ``max_instances`` must fit
+    the region's GPU quota (``quota`` as Service Usage reports it; -1 or None: no limit)."""
+    if not canary or profile.gpu_type is None or quota is None or quota == -1:
+        return []
+    needed = profile.max_instances + 1
+    if needed <= quota:
+        return []
+    return [
+        _error(
+            "canary",
+            f"{canary} runs the candidate beside the serving revision: {needed} {profile.gpu_type} GPUs at once "
+            f"(max_instances {profile.max_instances} + 1), above the region's quota of {quota} in {region}; leave "
+            "canary empty (the candidate is verified at its tag URL and watched after promotion), lower "
+            "max_instances, or request more quota",
+            6,
+        )
+    ]

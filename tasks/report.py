@@ -10,11 +10,12 @@ from pydantic import BaseModel, Field
 
 from tasks.builds import BuildAttempt, ImageBuildError, ImageResult
 from tasks.cost import CostEstimate
+from tasks.delivery import RolledBack, StepResult
 from tasks.preflight import Finding, PreflightError
 from tasks.probe import Verification
 from tasks.staging import StagingResult
 
-Outcome = Literal["promoted", "unchanged", "failed", "dry-run"]
+Outcome = Literal["promoted", "unchanged", "failed", "rolled-back", "dry-run"]
 
 
 class Step(BaseModel):
@@ -38,11 +39,15 @@ class PromotionReport(BaseModel):
     image: ImageResult | None = None
     serving_revision: str | None = None
     previous_revision: str | None = None
+    candidate_revision: str | None = Field(None, description="The revision this run deployed, if it deployed one.")
     service_url: str | None = None
     candidate_url: str | None = None
     traffic: list[tuple[str, int]] = Field(default_factory=list, description="Where traffic stands at the end.")
     traffic_unknown: str | None = Field(None, description="Why where traffic stands could not be read (e.g. a 403).")
     verification: Verification | None = None
+    delivery: list[StepResult] = Field(
+        default_factory=list, description="Each traffic step (canary, then 100 %) as Cloud Monitoring saw it."
+    )
     findings: list[Finding] = Field(default_factory=list)
     cost: CostEstimate | None = None
     steps: list[Step] = Field(default_factory=list)
@@ -64,7 +69,9 @@ class PromotionReport(BaseModel):
     def fail(self, exc: BaseException) -> None:
         """Record why the run failed. A preflight refusal keeps every finding, so the report lists each problem
         with its fix; the exception's own text is only its headline."""
-        self.outcome = "failed"
+        self.outcome = "rolled-back" if isinstance(exc, RolledBack) else "failed"
+        if self.outcome == "rolled-back":
+            self.serving_revision = None  # the candidate served for a while; what serves now is in the traffic
         if isinstance(exc, PreflightError):
             self.findings += [f for f in exc.findings if f not in self.findings]
             errors = [f.setting for f in self.findings if f.severity == "error"]
@@ -83,8 +90,11 @@ class PromotionReport(BaseModel):
         errors = [f for f in self.findings if f.severity == "error"]
         if errors:  # what to fix comes first on a refusal, each finding whole (its message ends with the fix)
             lines += ["**Fix these first:**", "", *[f"- {_md(f)}" for f in errors], ""]
-        lines += ["| | |", "|---|---|", *self._key_figures(), "", "## Details", "", "| | |", "|---|---|",
-                  *self._details()]  # fmt: skip
+        lines += ["| | |", "|---|---|", *self._key_figures(), ""]
+        if self.delivery:  # what the service's own metrics said at each traffic step, beside what the run did
+            lines += ["## Traffic steps", "", "| step | traffic | requests | 5xx | p95 | verdict |",
+                      "|---|---|---|---|---|---|", *[_step_row(step) for step in self.delivery], ""]  # fmt: skip
+        lines += ["## Details", "", "| | |", "|---|---|", *self._details()]
         if self.steps:
             lines += ["", "### Steps", "", "| step | seconds | ok |", "|---|---|---|"]
             lines += [f"| {s.name} | {s.seconds:.2f} | {'yes' if s.ok else 'FAILED'} |" for s in self.steps]
@@ -101,6 +111,8 @@ class PromotionReport(BaseModel):
         serving = f"{self.serving_revision or '-'} (previous: {self.previous_revision or '-'})"
         if self.serving_revision is None and self.traffic:  # a failed run: what served before still serves
             serving = f"{', '.join(rev for rev, _ in self.traffic)} (unchanged by this run)"
+            if self.outcome == "rolled-back":
+                serving = f"{', '.join(rev for rev, _ in self.traffic)} (again: {self.candidate_revision} rolled back)"
         rows = [
             f"| outcome | {self._outcome()} |",
             f"| serving revision | {serving} |",
@@ -125,6 +137,9 @@ class PromotionReport(BaseModel):
         return rows
 
     def _outcome(self) -> str:
+        if self.outcome == "rolled-back":
+            breached = next((s.step for s in self.delivery if s.breached), "a step")
+            return f"ROLLED BACK: {breached} breached the SLO; traffic is back on the previous revision"
         if self.outcome != "failed":
             return TITLES[self.outcome]
         failed = next((s.name for s in self.steps if not s.ok), None)
@@ -183,6 +198,7 @@ TITLES: dict[str, str] = {
     "promoted": "promoted",
     "unchanged": "already serving (no change)",
     "failed": "NOT promoted",
+    "rolled-back": "rolled back (breached the SLO under traffic)",
     "dry-run": "dry run (nothing changed)",
 }
 
@@ -195,6 +211,13 @@ def _timing(steps: list[Step]) -> str:
     total = sum(s.seconds for s in steps)
     slowest = max(steps, key=lambda s: s.seconds)
     return f"{total:.1f} s in all, slowest {slowest.name} {slowest.seconds:.1f} s: {each}"
+
+
+def _step_row(step: StepResult) -> str:
+    ratio = f"{step.errors} ({step.error_ratio:.1%})" if step.error_ratio is not None else "-"
+    p95 = f"{step.p95_ms:,.0f} ms" if step.p95_ms is not None else "-"
+    verdict = step.verdict.upper() if step.breached else step.verdict
+    return f"| {step.step} | {step.split} | {step.requests} | {ratio} | {p95} | {verdict}: {step.reason} |"
 
 
 def _attempts(attempts: list[BuildAttempt]) -> str:

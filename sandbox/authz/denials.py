@@ -95,6 +95,10 @@ def denial(api: str, check: Check, principal: str) -> dict:
                     resource)  # fmt: skip
     if api == "cloudbuild":
         return _aip("The caller does not have permission", permission, resource)
+    if api == "monitoring":
+        # "7 PERMISSION_DENIED: Permission monitoring.timeSeries.list denied (or the resource may not exist)."
+        # (GoogleCloudPlatform/autoscaler docs, poller troubleshooting; Checkmk's GCP special agent tests).
+        return _aip(f"Permission {permission} denied (or the resource may not exist).", permission, resource)
     if api == "compute":
         return _forbidden(f"Required '{permission}' permission for '{resource}'")
     if api == "storage":

@@ -220,6 +220,11 @@ ROLES: dict[str, tuple[str, ...]] = {
         *_PROJECT_READ,
     ),
     "roles/logging.logWriter": ("logging.logEntries.create", "logging.logEntries.route"),
+    # Cloud Monitoring (https://cloud.google.com/iam/docs/roles-permissions/monitoring): reading time series is
+    # monitoring.timeSeries.list, held by monitoring.viewer and the roles above it.
+    "roles/monitoring.viewer": ("monitoring.*.get", "monitoring.*.list", *_PROJECT_READ),
+    "roles/monitoring.editor": ("monitoring.*", *_PROJECT_READ),
+    "roles/monitoring.admin": ("monitoring.*", *_PROJECT_READ),
     # Service Usage, Resource Manager, Org Policy ---------------------------------------------------------------
     "roles/serviceusage.serviceUsageConsumer": (
         "serviceusage.services.use",

@@ -55,6 +55,7 @@ def build_modules(ctx: ControlContext) -> list[ApiModule]:
     from sandbox.control.compute import Compute
     from sandbox.control.iam import Iam
     from sandbox.control.logging import Logging
+    from sandbox.control.monitoring import Monitoring
     from sandbox.control.operations import Operations
     from sandbox.control.orgpolicy import OrgPolicy
     from sandbox.control.resourcemanager import ResourceManager
@@ -71,6 +72,7 @@ def build_modules(ctx: ControlContext) -> list[ApiModule]:
         ArtifactRegistry(ctx),
         CloudBuild(ctx),
         Logging(ctx),
+        Monitoring(ctx),
         ServiceUsage(ctx),
         OrgPolicy(ctx),
         ResourceManager(ctx),

@@ -266,13 +266,19 @@ class EngineState:
         with self._lock:
             return self._dead
 
-    def admit(self) -> bool:
-        """Count one generation request; False when the engine is already dead."""
+    def admit(self) -> int | None:
+        """Count one generation request: its 1-based number on this instance, or None when the engine is dead."""
         with self._lock:
             if self._dead:
-                return False
+                return None
             self._admitted += 1
-            return True
+            return self._admitted
+
+    @property
+    def in_flight(self) -> int:
+        """Generation requests running or queued for a batch slot right now (vLLM's /load figure)."""
+        with self._lock:
+            return self.running + self.waiting
 
     def finish(self, prompt_tokens: int, completion_tokens: int) -> None:
         """Record a finished request; the engine-death fault fires after the configured count."""

@@ -50,6 +50,29 @@ class Faults:
     - ``served_model_name``: serve under this name instead of the configured one.
     - ``load_seconds``: simulated weight-load time instead of the size-based one.
     - ``slow_tokens_per_s``: decode speed per request instead of the device's.
+
+    Faults that only real traffic meets (the pipeline's probes send /health, /v1/models and ONE short chat
+    completion of about 21 prompt tokens, so a revision with these passes them and fails afterwards):
+
+    - ``fail_prompts_longer_than``: a generation request (chat or completions) whose prompt is longer than N
+      tokens fails, as a request whose KV cache blocks cannot be had. Length is the request's
+      ``usage.prompt_tokens`` as this stand-in counts them (``textgen.count_tokens``: words and punctuation,
+      plus the chat template's tokens per message; for a completions request with several prompts, the
+      longest). Short prompts, the probe's among them, succeed.
+    - ``fail_every_nth_request``: generation requests number 1, 2, 3... on this instance from its first one
+      (probes included; the probe's single chat completion is request 1) and every Nth fails: N, 2N, 3N...
+      N >= 2 passes the probes. Only requests that reach the engine count (a 400 or 404 answered by request
+      validation does not).
+    - ``latency_ms_per_inflight``: before its first token each generation request waits this many SIMULATED
+      milliseconds per request in flight (running or queued on the engine, itself included), re-counted while
+      it waits and taking the most it saw: 1x alone, about kx when k requests run together.
+
+    A failing request answers the way vLLM 0.33 answers a request the engine finished with an error
+    (``GenerationError`` in vllm/entrypoints/openai/engine/serving.py): HTTP 500 with
+    ``{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}``
+    and an ERROR line ``Request <id> failed with an internal error during generation`` in the container log
+    (with a ``[sandbox]`` line naming the fault). A streaming request has already sent HTTP 200 then, so, as in
+    vLLM, its stream carries that error object as a ``data:`` event followed by ``data: [DONE]``.
     """
 
     crash_at_start: str | None = None
@@ -58,6 +81,19 @@ class Faults:
     served_model_name: str | None = None
     load_seconds: float | None = None
     slow_tokens_per_s: float | None = None
+    fail_prompts_longer_than: int | None = None
+    fail_every_nth_request: int | None = None
+    latency_ms_per_inflight: float | None = None
+
+    def __post_init__(self) -> None:
+        # A nonsensical value is a launcher bug: say so at start rather than serve something odd.
+        for name in ("fail_prompts_longer_than", "fail_every_nth_request"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ContractError(f"SANDBOX_VLLM_FAULTS {name} must be a positive integer, got {value!r}")
+        latency = self.latency_ms_per_inflight
+        if latency is not None and (not isinstance(latency, int | float) or isinstance(latency, bool) or latency < 0):
+            raise ContractError(f"SANDBOX_VLLM_FAULTS latency_ms_per_inflight must be >= 0, got {latency!r}")
 
     @classmethod
     def from_json(cls, raw: str | None) -> Faults:

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sandbox.vllm import VLLM_VERSION
@@ -24,6 +24,12 @@ JSON = "application/json"
 SSE = "text/event-stream; charset=utf-8"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# What vLLM answers for a request the engine finished with finish_reason "error": GenerationError's message,
+# type InternalServerError, HTTP 500 (vllm/entrypoints/openai/engine/serving.py, GenerationError and
+# _convert_generation_error_to_response); the cause only reaches the server log.
+GENERATION_ERROR_MESSAGE = "Internal server error"
+# A request waiting out load latency re-counts the requests in flight this many times per request's share.
+LOAD_RECOUNTS_PER_SHARE = 4
 # vLLM's --api-key guards only these prefixes.
 AUTH_PREFIXES = ("/v1", "/v2", "/inference")
 
@@ -76,6 +82,8 @@ class _Plan:
     stream: bool
     include_usage: bool
     echo_role: str = "assistant"
+    # Why a traffic fault fails this request (None: it succeeds), decided when the engine admits it.
+    fault: str | None = None
 
     def generations(self) -> list[list[Generated]]:
         """Per prompt, per choice: the deterministic answer."""
@@ -196,26 +204,78 @@ class OpenAiApi:
             data = _require_object(body)
             self._check_model(data.get("model"))
             plan = planner(data)
-            self._check_engine()
+            plan = replace(plan, fault=self._traffic_fault(plan, self._check_engine()))
         except ApiError as err:
             return err.response()
         if self.config.args.enable_log_requests:
             self.log.info("logger.py:41", f"Received request {plan.request_id}: prompt: {plan.prompts[0].text!r}")
         if plan.stream:
             return Response(200, b"", SSE, self._stream(plan))
-        return Response(200, dumps(self._complete(plan)))
+        try:
+            return Response(200, dumps(self._complete(plan)))
+        except ApiError as err:
+            return err.response()
 
     def _check_model(self, model: object) -> None:
         if model is None or model in self.config.served_names:
             return
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
-    def _check_engine(self) -> None:
+    def _check_engine(self) -> int:
+        """Admit the request to the engine; its number on this instance (1 = the first generation request)."""
         status = self.engine.faults.completions_status
-        if not self.engine.admit():
+        number = self.engine.admit()
+        if number is None:
             raise ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError")
         if status is not None:
             raise ApiError(status, f"sandbox fault: completions fail with HTTP {status}", "InternalServerError")
+        return number
+
+    def _traffic_fault(self, plan: _Plan, number: int) -> str | None:
+        """Which traffic fault fails this request, said the way the sandbox note in the log says it."""
+        faults = self.engine.faults
+        longest = max(p.tokens for p in plan.prompts)
+        if faults.fail_prompts_longer_than is not None and longest > faults.fail_prompts_longer_than:
+            return (
+                f"fail_prompts_longer_than={faults.fail_prompts_longer_than}: the prompt has {longest} tokens, "
+                "its KV cache blocks cannot be allocated and the engine finishes it with an error"
+            )
+        nth = faults.fail_every_nth_request
+        if nth is not None and number % nth == 0:
+            return f"fail_every_nth_request={nth}: this is generation request {number} on this instance"
+        return None
+
+    def _prefill(self, plan: _Plan) -> None:
+        """Prefill inside a batch slot: the fixed overhead, the load-latency fault, then a fault's failure."""
+        self.clock.sleep(REQUEST_OVERHEAD_S)
+        self._load_latency()
+        if plan.fault is not None:
+            self.log.sandbox(f"fault {plan.fault} (request {plan.request_id})")
+            # vLLM's serving layer logs this when an output comes back with finish_reason "error".
+            self.log.error(
+                "serving.py:767", f"Request {plan.request_id} failed with an internal error during generation"
+            )
+            raise ApiError(500, GENERATION_ERROR_MESSAGE, "InternalServerError")
+
+    def _load_latency(self) -> None:
+        """Wait latency_ms_per_inflight per request in flight, re-counting while waiting and keeping the peak.
+
+        Re-counting matters because concurrent requests arrive a little apart: the first of k would otherwise
+        see only itself. Each request runs on its own server thread, so this wait holds up no other request.
+        """
+        per_request_s = (self.engine.faults.latency_ms_per_inflight or 0.0) / 1000
+        if per_request_s <= 0:
+            return
+        waited = 0.0
+        peak = 0
+        while True:
+            peak = max(peak, self.engine.in_flight)
+            remaining = per_request_s * peak - waited
+            if remaining <= 0:
+                return
+            step = min(remaining, per_request_s / LOAD_RECOUNTS_PER_SHARE)
+            self.clock.sleep(step)
+            waited += step
 
     def _limits(self, max_tokens: object, prompt_tokens: int) -> int:
         """The tokens to generate at most, after vLLM's length checks (None: up to the context length)."""
@@ -345,7 +405,8 @@ class OpenAiApi:
         generations = plan.generations()
         longest = max(len(g.pieces) for per_prompt in generations for g in per_prompt)
         with self.engine.slot():
-            self.clock.sleep(REQUEST_OVERHEAD_S + self._decode_seconds(longest))
+            self._prefill(plan)
+            self.clock.sleep(self._decode_seconds(longest))
         usage = self._usage(plan, generations)
         self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"])
         flat = [g for per_prompt in generations for g in per_prompt]
@@ -429,7 +490,13 @@ class OpenAiApi:
         finished = False
         with self.engine.slot():
             try:
-                self.clock.sleep(REQUEST_OVERHEAD_S)
+                try:
+                    self._prefill(plan)
+                except ApiError as err:
+                    # HTTP 200 is already on the wire: vLLM sends the error object as an event, then [DONE].
+                    yield b"data: " + err.response().body + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    return
                 if plan.kind == "chat":
                     yield self._chunk(plan, [self._piece(plan, i, "", None, True) for i in range(len(generations))])
                 longest = max(len(g.pieces) for g in generations)

@@ -10,6 +10,7 @@ from blocks import ServingProfile
 from flows.promote import promote_model
 from tasks import clients
 from tasks.probe import VerifyOptions
+from tests.support.delivery import NO_WATCH
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
@@ -18,7 +19,7 @@ _ids = itertools.count()
 
 def promote(service: str, **kwargs):
     return promote_model(model="sandbox/tiny-chat", service=service, token_secret_block="sandbox-hf-token",
-                         verify=FAST, **kwargs)  # fmt: skip
+                         verify=FAST, **{"watch": NO_WATCH, **kwargs})  # fmt: skip
 
 
 def test_the_first_promotion_with_a_new_service_account_waits_for_iam(sb, flow_env, iam_propagation):

@@ -22,6 +22,7 @@ from flows.scale import scale_service
 from flows.teardown import teardown
 from tasks import clients, infra
 from tasks.probe import VerifyOptions
+from tests.support.delivery import NO_WATCH
 from tests.support.locks import lock_slots, wait_until
 
 pytestmark = pytest.mark.prefect
@@ -37,7 +38,7 @@ def service() -> str:
 
 def promote(service: str, **kwargs):
     params = {"model": "sandbox/tiny-chat", "service": service, "token_secret_block": "sandbox-hf-token",
-              "verify": FAST, **kwargs}  # fmt: skip
+              "verify": FAST, "watch": NO_WATCH, **kwargs}  # fmt: skip
     return promote_model(**params)
 
 

@@ -19,6 +19,7 @@ from blocks import ServingProfile
 from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
 from flows.promote import promote_model
 from tasks.probe import VerifyOptions
+from tests.support.delivery import NO_WATCH
 from tests.support.identity import bearer
 
 pytestmark = pytest.mark.prefect
@@ -128,7 +129,7 @@ def test_each_image_strategy_is_promoted_and_answers_a_chat(flow_env, tmp_path, 
     profile, kwargs = strategy(name, tmp_path)
     service = f"img-{name}-{'runai' if load_mode == 'runai-streamer' else 'gcs'}"
     report = promote_model(model=MODEL, service=service, profile=patient_profile(profile), load_mode=load_mode,
-                           token_secret_block="sandbox-hf-token", verify=FAST, **kwargs)  # fmt: skip
+                           token_secret_block="sandbox-hf-token", verify=FAST, watch=NO_WATCH, **kwargs)  # fmt: skip
     assert report.outcome == "promoted", report.reason
     assert report.image is not None
     if name == "model-garden":
@@ -160,7 +161,7 @@ def test_the_serve_wrapper_reaches_the_hub_when_the_profile_asks_for_runtime_acc
     )  # fmt: skip
     since = sb.last_request_seq()
     report = promote_model(model=MODEL, service="img-wrapper-runtime-hub", profile=profile,
-                           token_secret_block="sandbox-hf-token", verify=FAST)  # fmt: skip
+                           token_secret_block="sandbox-hf-token", verify=FAST, watch=NO_WATCH)  # fmt: skip
     assert report.outcome == "promoted", report.reason
     hub = sb.requests("hub", since=since)
     # The container's own fetch (transformers' user agent), with the token Cloud Run gave it from Secret Manager.

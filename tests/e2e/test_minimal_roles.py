@@ -155,6 +155,12 @@ def _promote_a_revision_that_crashes(service: str, build_source: Path, sandbox: 
     promote(service, save_profile(f"{service}-crash", build_source, service, max_instances=2))
 
 
+def _promote_a_new_revision(service: str, build_source: Path, **_: object) -> None:
+    """A new revision is watched after it is verified: reading its metrics needs Monitoring Viewer, checked before
+    traffic moves."""
+    promote(service, save_profile(f"{service}-watched", build_source, service, max_instances=3))
+
+
 def _doctor(profile: str, **_: object) -> None:
     doctor(target="sandbox", profile=profile)
 
@@ -166,6 +172,7 @@ STEPS: dict[str, Callable[..., None]] = {
     "roles/storage.admin": _promote_again,
     "roles/compute.networkAdmin": _promote_again,
     "roles/logging.viewer": _promote_a_revision_that_crashes,
+    "roles/monitoring.viewer": _promote_a_new_revision,
     "roles/secretmanager.admin": _promote_again,
     "roles/artifactregistry.admin": _promote_again,
     "roles/cloudbuild.builds.editor": _promote_a_new_build,

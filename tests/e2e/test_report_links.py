@@ -13,6 +13,7 @@ from blocks import ServingProfile
 from flows.promote import promote_model
 from tasks import clients
 from tests.e2e.test_flows import FAST
+from tests.support.delivery import NO_WATCH
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()
@@ -43,7 +44,8 @@ def build_outcomes(sb):
 
 def _promote(service: str, profile: str):
     return promote_model(model="sandbox/tiny-chat", service=service, target="sandbox", profile=profile,
-                         token_secret_block="sandbox-hf-token", verify=FAST, return_state=True)  # fmt: skip
+                         token_secret_block="sandbox-hf-token", verify=FAST, watch=NO_WATCH,
+                         return_state=True)  # fmt: skip
 
 
 def _artifacts(state) -> dict[str, tuple[str, str]]:

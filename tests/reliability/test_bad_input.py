@@ -25,6 +25,7 @@ from flows.teardown import teardown
 from tasks import clients
 from tasks.probe import VerifyOptions
 from tasks.render import CPU_PROBE_LIMIT_S, GPU_PROBE_LIMIT_S, PROBE_PERIOD_S
+from tests.support.delivery import NO_WATCH
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
@@ -73,6 +74,7 @@ def promote(**kwargs):
         "service": new_service(),
         "token_secret_block": "sandbox-hf-token",
         "verify": FAST,
+        "watch": NO_WATCH,
         **kwargs,
     }
     return promote_model(**params)

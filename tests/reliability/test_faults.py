@@ -39,6 +39,7 @@ from tasks.probe import VerifyOptions
 from tasks.report import PromotionReport
 from tasks.staging import MANIFEST, commit_prefix
 from tests.support.artifacts import report_artifact
+from tests.support.delivery import NO_WATCH
 from tests.support.identity import bearer
 from tests.support.locks import lock_slots, wait_until
 
@@ -66,7 +67,12 @@ def new_repo(sb, weight_bytes: int = 2_000_000, shards: int = 2) -> str:
 def promote(model: str, service: str, **kwargs):
     """promote-model as a user runs it; the final flow-run state (Completed or Failed), never an exception."""
     return promote_model(
-        model=model, service=service, token_secret_block=TOKEN_BLOCK, verify=FAST, return_state=True, **kwargs
+        model=model,
+        service=service,
+        token_secret_block=TOKEN_BLOCK,
+        verify=FAST,
+        return_state=True,
+        **{"watch": NO_WATCH, **kwargs},
     )
 
 

@@ -14,6 +14,7 @@ from blocks import ServingProfile
 from flows.promote import promote_model
 from tasks.probe import VerifyOptions
 from tests.support.artifacts import report_artifact
+from tests.support.delivery import NO_WATCH
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()
@@ -26,6 +27,7 @@ def _promote(**kwargs):
         "service": f"rh-{next(_ids)}",
         "token_secret_block": "sandbox-hf-token",
         "verify": VerifyOptions(health_period_s=0.05),
+        "watch": NO_WATCH,
         **kwargs,
     }
     return params["service"], promote_model(**params, return_state=True)

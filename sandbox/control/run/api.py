@@ -663,8 +663,15 @@ class CloudRun:
                 return Routing(record.public, [(revision, 100)] if revision else [], audiences, may_invoke)
             return Routing(record.public, list(record.routes), audiences, may_invoke)
 
+        def served(revision: str, status: int, seconds: float) -> None:
+            # Requests that reached an instance, for Cloud Monitoring's request_count / request_latencies.
+            monitoring = self.ctx.module("monitoring")
+            if monitoring is not None:
+                location = record.service.name.split("/")[3]
+                monitoring.record_request(location, record.service_id, revision, status, seconds)
+
         issuer = self.ctx.identity
-        app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http, issuer)
+        app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http, issuer, served)
         server = f"run:{record.service_id}" + (f":{tag}" if tag else "")
         return await serve_app(FaultMiddleware(app, server, self.faults), server)
 

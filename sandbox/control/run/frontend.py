@@ -12,12 +12,19 @@ audiences" and "Authenticate developers" in the Cloud Run docs):
   that has it): 403 Forbidden.
 The token is taken from ``X-Serverless-Authorization`` first, then ``Authorization`` (Cloud Run docs), and never
 passed on to the container. Requests are proxied to the instance of the chosen revision, streaming both ways.
+
+Each request that reached an instance is reported to ``on_served(revision, status, seconds)`` once its response has
+finished streaming (the Cloud Monitoring stand-in counts them, sandbox/control/monitoring): the front end's own
+refusals (401/403, 503 with no instance) are not, as Cloud Run's request_count "excludes requests that are not
+reaching your container instances"; ``seconds`` runs from the hand-off to the instance to the last byte, as
+request_latencies "does not include container startup latency".
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -97,8 +104,10 @@ class FrontEnd:
         instance_url: Callable[[str], Awaitable[str | None]],
         client: httpx.AsyncClient,
         issuer: TokenIssuer | None = None,
+        on_served: Callable[[str, int, float], None] | None = None,
     ) -> None:
         self.routing = routing
+        self.on_served = on_served
         self.issuer = issuer
         self.instance_url = instance_url
         self.client = client
@@ -149,12 +158,29 @@ class FrontEnd:
             headers=headers,
             content=request.stream(),
         )
+        started = time.monotonic()
         try:
             answer = await self.client.send(upstream, stream=True)
         except httpx.HTTPError:
+            self._served(revision, 503, started)  # it reached the instance, which dropped it
             return HTMLResponse(UNAVAILABLE, status_code=503)
         passed = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
         passed["x-sandbox-revision"] = revision or ""
         return StreamingResponse(
-            answer.aiter_raw(), status_code=answer.status_code, headers=passed, background=BackgroundTask(answer.aclose)
+            self._relay(answer, revision, started),
+            status_code=answer.status_code,
+            headers=passed,
+            background=BackgroundTask(answer.aclose),
         )
+
+    async def _relay(self, answer: httpx.Response, revision: str, started: float) -> AsyncIterator[bytes]:
+        """The instance's body, reported to ``on_served`` after the last byte (or when the caller goes away)."""
+        try:
+            async for chunk in answer.aiter_raw():
+                yield chunk
+        finally:
+            self._served(revision, answer.status_code, started)
+
+    def _served(self, revision: str, status: int, started: float) -> None:
+        if self.on_served is not None:
+            self.on_served(revision, status, time.monotonic() - started)

@@ -1,0 +1,199 @@
+"""Progressive delivery under real traffic: a background client calls the service the whole time, the watch reads
+the sandbox's Cloud Monitoring (computed from the requests its Cloud Run front end proxied), and a candidate that
+passes the probes but fails real requests is rolled back by the flow itself."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from flows.promote import promote_model
+from tasks import clients
+from tasks.probe import VerifyOptions
+from tests.e2e.test_flows import artifact, run_service
+
+pytestmark = pytest.mark.prefect
+FAST = VerifyOptions(health_period_s=0.05)
+# At most one request in three is a long prompt: the probe's short chat passes a candidate that fails long ones.
+LONG_PROMPT = " ".join(["Summarise the quarterly report in detail please"] * 12)
+SLO = {"max_error_ratio": 0.02, "max_p95_ms": None, "min_requests": 5}
+_ids = itertools.count()
+
+
+@pytest.fixture
+def service() -> str:
+    return f"pd-{next(_ids)}"
+
+
+def promote(service: str, **kwargs):
+    params = {"model": "sandbox/tiny-chat", "service": service, "token_secret_block": "sandbox-hf-token",
+              "verify": FAST, **kwargs}  # fmt: skip
+    return promote_model(**params)
+
+
+@dataclass
+class Answer:
+    started: float
+    status: int
+    revision: str
+    long_prompt: bool
+
+
+@dataclass
+class Traffic:
+    """A client that calls the service URL until stopped, as the service's users would: short and long prompts."""
+
+    url: str
+    token: str
+    answers: list[Answer] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        with httpx.Client(base_url=self.url, headers=headers, timeout=30) as http:
+            for n in itertools.count():
+                if self.stop.is_set():
+                    return
+                long_prompt = n % 3 == 2
+                body = {"model": "sandbox/tiny-chat", "max_tokens": 4, "stream": False,
+                        "messages": [{"role": "user", "content": LONG_PROMPT if long_prompt else "hi"}]}  # fmt: skip
+                started = time.monotonic()
+                response = http.post("/v1/chat/completions", json=body)
+                revision = response.headers.get("x-sandbox-revision", "")
+                self.answers.append(Answer(started, response.status_code, revision, long_prompt))
+
+    def errors(self) -> list[Answer]:
+        return [a for a in self.answers if a.status >= 500]
+
+
+@pytest.fixture
+def traffic(flow_env):
+    """Start a background client on a service that already serves; stop it at the end of the test."""
+    started: list[tuple[Traffic, threading.Thread]] = []
+
+    def start(service: str) -> Traffic:
+        url = run_service(flow_env, service).uri
+        client = Traffic(url, clients.identity_token(flow_env, url).get_secret_value())
+        thread = threading.Thread(target=client.run, daemon=True)
+        thread.start()
+        started.append((client, thread))
+        return client
+
+    yield start
+    for client, thread in started:
+        client.stop.set()
+        thread.join(timeout=30)
+
+
+def fails_under_traffic(sb, service: str) -> None:
+    """The next revision of ``service`` answers every long prompt with 500 (the probe's short chat passes)."""
+    faults = {"fail_prompts_longer_than": 40}
+    sb.run("POST", "/faults", json={"service": service, "faults": faults, "revisions": 1})
+
+
+def serving(flow_env, service: str) -> list[tuple[str, int, str]]:
+    return [(s.revision, s.percent, s.tag) for s in run_service(flow_env, service).traffic_statuses]
+
+
+def test_a_candidate_failing_under_traffic_is_rolled_back_within_the_watch(sb, flow_env, service, traffic):
+    old = promote(service, watch={"samples": 0}).serving_revision
+    client = traffic(service)
+    fails_under_traffic(sb, service)
+    samples = 10
+    since = sb.last_request_seq()
+    breach = r"watch 100 % breached the SLO: \d+ requests, \d+ 5xx, p95 [\d,]+ ms: 5xx ratio"
+    with pytest.raises(Exception, match=breach):
+        promote(service, revision="dev", watch={"samples": samples, **SLO})
+    rolled_back_at = time.monotonic()
+    time.sleep(0.5)  # a little traffic after the rollback: it must all be answered
+    client.stop.set()
+
+    # Traffic is back on the old revision, with no tag left behind; the client saw errors only from the candidate,
+    # and none once traffic was back.
+    assert [(r, p) for r, p, _ in serving(flow_env, service) if p] == [(old, 100)]
+    assert all(tag == "" for _, _, tag in serving(flow_env, service))
+    errors = client.errors()
+    assert errors, "the candidate never failed a request: the fault did not take"
+    (candidate,) = {a.revision for a in errors}
+    assert candidate != old and all(a.long_prompt for a in errors)
+    assert not [a for a in client.answers if a.started > rolled_back_at and a.status >= 500]
+    # During the watch the old revision was kept warm at its `previous` tag URL, so the way back was instant.
+    assert [r["status"] for r in sb.requests(f"run:{service}:previous", since=since) if r["path"] == "/health"]
+    assert [a.revision for a in client.answers if a.started > rolled_back_at] == [old] * len(
+        [a for a in client.answers if a.started > rolled_back_at]
+    )
+
+    # The report tells the story: the step's figures, the verdict, where traffic stands; the watch ended early.
+    text = artifact(f"promotion-{service}")
+    assert "ROLLED BACK: watch 100 % breached the SLO" in text
+    assert f"| watch 100 % | {candidate} 100 % |" in text and "BREACHED" in text
+    assert f"| traffic now | {old} 100 % |" in text
+    watch_seconds = float(text.split("| watch | ")[1].split(" |")[0])
+    assert watch_seconds < samples * flow_env.metrics_sample_seconds
+
+
+def test_a_canary_that_fails_is_rolled_back_and_only_its_share_saw_errors(sb, flow_env, service, traffic):
+    old = promote(service, watch={"samples": 0}).serving_revision
+    client = traffic(service)
+    fails_under_traffic(sb, service)
+    with pytest.raises(Exception, match=r"canary 25 % breached the SLO"):
+        promote(service, revision="dev", canary=[25, 50], watch={"samples": 10, **SLO})
+    client.stop.set()
+
+    assert [(r, p) for r, p, _ in serving(flow_env, service) if p] == [(old, 100)]
+    long_answers = [a for a in client.answers if a.long_prompt]
+    candidate_share = {a.revision for a in client.errors()}
+    assert len(candidate_share) == 1 and old not in candidate_share
+    # The old revision kept answering long prompts while the candidate had its quarter of them.
+    assert any(a.revision == old and a.status == 200 for a in long_answers)
+    text = artifact(f"promotion-{service}")
+    assert "| canary 25 % |" in text and "canary 50 %" not in text.split("## Details")[0].split("Traffic steps")[1]
+
+
+def test_a_healthy_canary_reaches_100_percent_through_its_steps(sb, flow_env, service, traffic):
+    old = promote(service, watch={"samples": 0}).serving_revision
+    client = traffic(service)
+    since = sb.last_request_seq()
+    report = promote(service, revision="dev", canary=[10, 50], watch={"samples": 2, **SLO})
+    client.stop.set()
+    new = report.serving_revision
+    assert report.outcome == "promoted" and new != old
+
+    # The traffic splits Cloud Run was sent, in order: the candidate's 0 % tag, 10/90, 50/50, 100 with the old
+    # revision tagged for the watch, then 100 alone.
+    splits = []
+    for entry in sb.requests(since=since):
+        if entry["method"] == "PATCH" and entry["path"].endswith(f"/services/{service}") and entry["status"] == 200:
+            body = json.loads(entry["body"])
+            splits.append([(t["revision"], t.get("percent", 0)) for t in body.get("traffic", [])])
+    assert splits[1:] == [
+        [(new, 10), (old, 90)],
+        [(new, 50), (old, 50)],
+        [(new, 100), (old, 0)],
+        [(new, 100)],
+    ]
+    assert [(r, p) for r, p, _ in serving(flow_env, service) if p] == [(new, 100)]
+    assert [step.step for step in report.delivery] == ["canary 10 %", "canary 50 %", "watch 100 %"]
+    assert all(step.verdict != "breached" for step in report.delivery)
+    assert not client.errors()
+
+
+def test_a_watch_that_cannot_read_the_metrics_fails_before_traffic_moves(sb, flow_env, service):
+    old = promote(service, watch={"samples": 0}).serving_revision
+    disabled = sb.configure()["disabled_apis"]
+    sb.configure(disabled_apis=[*disabled, "monitoring.googleapis.com"])
+    try:
+        with pytest.raises(Exception, match=r"gcloud services enable monitoring\.googleapis\.com"):
+            promote(service, revision="dev", watch={"samples": 2})
+    finally:
+        sb.configure(disabled_apis=disabled)
+    # The candidate was verified but never took traffic: the old revision serves alone, untagged.
+    assert serving(flow_env, service) == [(old, 100, "")]
+    text = artifact(f"promotion-{service}")
+    assert "NOT promoted: the verify step failed" in text
