@@ -318,6 +318,9 @@ def _promote(
         if candidate.unchanged:
             report.outcome = "unchanged"
             report.serving_revision = candidate.revision
+            if candidate.watch_pending:  # the run that promoted it died watching: this run finishes that promotion
+                report.outcome = "promoted"
+                _watch_promoted(report, target, service_id, candidate, delivery, samples, candidate.previous_url, True)
         else:
             with report.step("verify"):
                 try:
@@ -365,17 +368,25 @@ def _deliver(
         service = run_promote_candidate(target, service_id, candidate, keep_previous=samples > 0)
         report.outcome = "promoted"
         report.serving_revision = candidate.revision
-    if samples == 0:
-        return
-    with report.step("watch"):
-        previous_url = next((s.uri for s in service.traffic_statuses if s.tag == PREVIOUS_TAG), None)
-        keep_warm = (previous_url, candidate.service_url) if previous_url else None
-        alone = [(candidate.revision, 100)]
-        result = _watch(target, service_id, candidate, delivery.watch, samples, "watch 100 %", alone, keep_warm)
-        report.delivery.append(result)
-        if result.breached:
-            _roll_back(target, service_id, candidate, result)
-    if candidate.previous_revision:
+    previous_url = next((s.uri for s in service.traffic_statuses if s.tag == PREVIOUS_TAG), None)
+    _watch_promoted(report, target, service_id, candidate, delivery, samples, previous_url, previous_url is not None)
+
+
+def _watch_promoted(
+    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
+    samples: int, previous_url: str | None, tagged: bool,
+) -> None:  # fmt: skip
+    """The watch at 100 %, the previous revision kept warm at its tag URL (``tagged``); then its tag goes, or traffic
+    goes back."""
+    if samples > 0:
+        with report.step("watch"):
+            keep_warm = (previous_url, candidate.service_url) if previous_url else None
+            alone = [(candidate.revision, 100)]
+            result = _watch(target, service_id, candidate, delivery.watch, samples, "watch 100 %", alone, keep_warm)
+            report.delivery.append(result)
+            if result.breached:
+                _roll_back(target, service_id, candidate, result)
+    if tagged:
         run_release_previous(target, service_id, candidate)
 
 

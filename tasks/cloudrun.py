@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, SecretStr
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 from tasks import clients
-from tasks.delivery import PREVIOUS_TAG, canary_split
+from tasks.delivery import PREVIOUS_TAG, canary_split, rescaled
 from tasks.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.logs import run_logger
 from tasks.preflight import CANDIDATE_TAG
@@ -51,6 +51,10 @@ class Candidate(BaseModel):
     previous_traffic: list[tuple[str, int]] = Field(default_factory=list)
     first_deploy: bool = False
     unchanged: bool = Field(False, description="This revision already serves all traffic: nothing to do.")
+    watch_pending: bool = Field(
+        False, description="It serves all traffic, but the run that promoted it died before its watch ended."
+    )
+    previous_url: str | None = Field(None, description="The tag URL of the revision kept warm during a watch.")
 
     @property
     def previous_revision(self) -> str | None:
@@ -166,14 +170,26 @@ def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -
                 return Candidate(
                     service=name, service_url=current.uri, revision=revision, url=unverified.uri, first_deploy=True
                 )
+            before = next((s for s in current.traffic_statuses if s.tag == PREVIOUS_TAG and s.revision != revision),
+                          None)  # fmt: skip
+            if before is not None:
+                # A promotion killed during its watch: the revision before still holds its `previous` tag (and
+                # its warm instances). Finish the watch now, as that run would have, then drop the tag or go back.
+                return Candidate(
+                    service=name, service_url=current.uri, revision=revision, url=current.uri,
+                    previous_traffic=[(before.revision, 100)], unchanged=True, watch_pending=True,
+                    previous_url=before.uri,
+                )  # fmt: skip
             return Candidate(
                 service=name, service_url=current.uri, revision=revision, url=current.uri,
                 previous_traffic=serving, unchanged=True,
             )  # fmt: skip
+        # A canary killed mid-step left the candidate a share: it goes back to the others until it is verified again.
+        previous = rescaled([(r, p) for r, p in serving if r != revision])
         spec = run_v2.Service(spec, name=name)
         spec.template.revision = revision
-        spec.traffic = [*_pinned(serving), run_v2.TrafficTarget(type_=BY_REVISION, revision=revision, percent=0,
-                                                                tag=CANDIDATE_TAG)]  # fmt: skip
+        spec.traffic = [*_pinned(previous), run_v2.TrafficTarget(type_=BY_REVISION, revision=revision, percent=0,
+                                                                 tag=CANDIDATE_TAG)]  # fmt: skip
         try:
             # Only what the pipeline owns: service-level scaling (set by scale-service) must survive a promotion.
             operation = when_visible(  # a new runtime account: Cloud Run's actAs check waits for IAM to propagate it
@@ -186,10 +202,10 @@ def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -
             updated = wait_for(operation, clients.operation_polling(target))
         except gexc.GoogleAPICallError as exc:
             details = _failure_details(target, service_id, revision, exc)
-            _set_traffic(target, service_id, _pinned(serving))  # drop the tag; traffic was never moved
+            _set_traffic(target, service_id, _pinned(previous))  # drop the tag; traffic was never moved
             raise DeployFailed(details) from None
     tag_url = next(s.uri for s in updated.traffic_statuses if s.tag == CANDIDATE_TAG)
-    return Candidate(service=name, service_url=updated.uri, revision=revision, url=tag_url, previous_traffic=serving)
+    return Candidate(service=name, service_url=updated.uri, revision=revision, url=tag_url, previous_traffic=previous)
 
 
 def _first_deploy(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
@@ -253,7 +269,7 @@ def release_previous(target: GcpTarget, service_id: str, candidate: Candidate) -
 
 def abandon_candidate(target: GcpTarget, service_id: str, candidate: Candidate) -> None:
     """Traffic as it was before the candidate, without its tag; on a first deploy, as it was: no service."""
-    if candidate.unchanged:
+    if candidate.unchanged and not candidate.watch_pending:
         return
     if candidate.first_deploy:
         delete_service(target, service_id)  # its only revision failed verification: nothing verified ever served

@@ -95,7 +95,9 @@ def test_promote_model_runs_from_its_deployment_and_reports(server, sandbox, san
     steps = re.findall(r"^\| ([a-z ]+) \| (\d+\.\d\d) \| (yes|FAILED) \|$", text, re.MULTILINE)
     assert [name for name, _, _ in steps] == ["preflight", "resolve", "check service", "infrastructure", "stage",
                                               "image", "render", "deploy candidate", "verify", "promote",
-                                              "invokers"]  # fmt: skip
+                                              "watch", "invokers"]  # fmt: skip
+    # The profile's default watch, with no traffic on the service: reported, not judged.
+    assert "| watch 100 % |" in text and "too little traffic" in text
     assert {ok for _, _, ok in steps} == {"yes"}
     assert float({name: s for name, s, _ in steps}["verify"]) > 0  # the probe took time
     # deployments/tiny-chat.yaml keeps one instance warm 08:00-19:00 Mon-Fri: 55 h a week.

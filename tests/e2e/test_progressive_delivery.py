@@ -101,7 +101,9 @@ def serving(flow_env, service: str) -> list[tuple[str, int, str]]:
     return [(s.revision, s.percent, s.tag) for s in run_service(flow_env, service).traffic_statuses]
 
 
-def test_a_candidate_failing_under_traffic_is_rolled_back_within_the_watch(sb, flow_env, service, traffic):
+def test_a_candidate_failing_under_traffic_is_rolled_back_within_the_watch(
+    sb, flow_env, service, traffic, asserting_events_worker
+):
     old = promote(service, watch={"samples": 0}).serving_revision
     client = traffic(service)
     fails_under_traffic(sb, service)
@@ -136,6 +138,13 @@ def test_a_candidate_failing_under_traffic_is_rolled_back_within_the_watch(sb, f
     assert f"| traffic now | {old} 100 % |" in text
     watch_seconds = float(text.split("| watch | ")[1].split(" |")[0])
     assert watch_seconds < samples * flow_env.metrics_sample_seconds
+
+    # Automations hear of it: model.rolled_back, with the step figures that decided.
+    asserting_events_worker.drain()
+    events = [e for e in asserting_events_worker._client.events if e.event.startswith("model.")]
+    rolled_back = [e for e in events if e.event == "model.rolled_back" and e.resource.name == service]
+    assert len(rolled_back) == 1 and rolled_back[0].payload["traffic"] == [[old, 100]]
+    assert rolled_back[0].payload["steps"][-1]["verdict"] == "breached"
 
 
 def test_a_canary_that_fails_is_rolled_back_and_only_its_share_saw_errors(sb, flow_env, service, traffic):
@@ -197,3 +206,21 @@ def test_a_watch_that_cannot_read_the_metrics_fails_before_traffic_moves(sb, flo
     assert serving(flow_env, service) == [(old, 100, "")]
     text = artifact(f"promotion-{service}")
     assert "NOT promoted: the verify step failed" in text
+
+
+def test_a_rerun_finishes_the_watch_of_a_promotion_killed_while_watching(sb, flow_env, service):
+    from google.cloud import run_v2
+
+    from tasks.cloudrun import BY_REVISION, PREVIOUS_TAG, _set_traffic
+
+    old = promote(service, watch={"samples": 0}).serving_revision
+    new = promote(service, revision="dev", watch={"samples": 0}).serving_revision
+    # What a run killed during its watch leaves behind: the new revision at 100 %, the old one tagged and warm.
+    _set_traffic(flow_env, service, [
+        run_v2.TrafficTarget(type_=BY_REVISION, revision=new, percent=100),
+        run_v2.TrafficTarget(type_=BY_REVISION, revision=old, percent=0, tag=PREVIOUS_TAG),
+    ])  # fmt: skip
+    again = promote(service, revision="dev", watch={"samples": 1, **SLO})
+    assert again.outcome == "promoted" and again.serving_revision == new
+    assert [step.step for step in again.delivery] == ["watch 100 %"]
+    assert serving(flow_env, service) == [(new, 100, "")]  # the tag is gone: the old revision may scale to zero
