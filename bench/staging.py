@@ -14,7 +14,8 @@ Honesty rules (issue 16):
   - every size below --once-from-gib (default 16) runs --repeat rounds (at least 3); the table gives the median
     and the best of the rounds, and the method order is rotated between rounds, because the first large run
     of a fresh sandbox is always slower and would otherwise always hit the same method;
-  - a size at or above --once-from-gib runs once: it is there to show that peak RSS stays flat, not for speed;
+  - a size at or above --once-from-gib runs once: it is there to show that peak RSS stays flat, not for speed,
+    and without the ceiling (which holds the whole model in memory);
   - CPU is the child process's own user+system seconds (getrusage) during the timed section, per GiB staged,
     for every method (imports and the ceiling's untimed fetch are left out; process_cpu_s in --json has all);
   - peak RSS is the worst of the rounds; local disk is /proc/self/io write_bytes (counted when pages are
@@ -262,7 +263,16 @@ def measure(sb, size_gib: float, scratch: str, options: dict, methods: tuple[str
             }
             pids = _sandbox_pids(sb)
             before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-            f = _run_child("ours" if method == "again" else method, spec)
+            try:
+                f = _run_child("ours" if method == "again" else method, spec)
+            except subprocess.CalledProcessError as exc:
+                if repeat > 1:
+                    raise
+                # A once-only size is a memory check of ours: a method the machine cannot hold (the emulator keeps
+                # every object in RAM: at 16 GiB the two-step copy's run took it past 24 GiB) is reported, not fatal.
+                tail = (exc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+                print(f"    {method:9s} FAILED: {tail[0][:200]}", flush=True)
+                continue
             f.update({f"{name}_cpu_s": _cpu_seconds(pid) - before[name] for name, pid in pids.items()})
             runs.setdefault(method, []).append(f)
             rate = f["bytes"] / 1e6 / f["seconds"] if f["bytes"] else 0
@@ -415,11 +425,17 @@ def main() -> int:
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
         print(f"rule: sizes below {args.once_from_gib:g} GiB run {args.repeat} rounds, order rotated; larger run once")
         for size in (float(s) for s in args.sizes_gib.split(",")):
-            repeat = 1 if size >= args.once_from_gib else args.repeat
+            once = size >= args.once_from_gib
+            repeat = 1 if once else args.repeat
             why = " (once: peak RSS check, not a speed figure)" if repeat == 1 and args.repeat > 1 else ""
+            # The ceiling holds the whole model in memory, and the emulator keeps the uploaded objects in RAM too:
+            # at the once-only sizes the two would not fit this machine together, and the ceiling is a speed figure.
+            sized = tuple(m for m in methods if not (once and m == "ceiling"))
+            if sized != methods:
+                why += "; no ceiling (it would hold the whole model in memory)"
             print(f"\n{size:g} GiB model, {repeat} round(s){why}", flush=True)
             options = {k: v for k, v in (("parallel_files", args.parallel_files), ("chunk_mib", args.chunk_mib)) if v}
-            results.append(measure(sb, size, scratch, options, methods, repeat))
+            results.append(measure(sb, size, scratch, options, sized, repeat))
     print_summary(results, args.network_mb_s, args.once_from_gib)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
