@@ -21,59 +21,21 @@ figure into detection and traffic update.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 # The fault and the client of tests/e2e/test_progressive_delivery.py: the probe's short chat passes, long prompts fail.
-LONG_PROMPT = " ".join(["Summarise the quarterly report in detail please"] * 12)
 FAULT = {"fail_prompts_longer_than": 40}
 SLO = {"max_error_ratio": 0.02, "max_p95_ms": None, "min_requests": 5}
 AFTER_S = 0.5  # client traffic kept up after the run fails, so "no candidate answer after t_back" is seen
 WALL_MINUS_MONO = time.time() - time.monotonic()  # Prefect's task times are wall clock; the client's monotonic
-
-
-@dataclass
-class Answer:
-    started: float  # monotonic
-    finished: float
-    status: int
-    revision: str
-
-
-@dataclass
-class Client:
-    """Calls the service URL until stopped, as its users would: short prompts and, one in three, a long one."""
-
-    url: str
-    token: str
-    answers: list[Answer] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        with httpx.Client(base_url=self.url, headers=headers, timeout=30) as http:
-            for n in itertools.count():
-                if self.stop.is_set():
-                    return
-                prompt = LONG_PROMPT if n % 3 == 2 else "hi"
-                body = {"model": "sandbox/tiny-chat", "max_tokens": 4, "stream": False,
-                        "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
-                started = time.monotonic()
-                try:
-                    response = http.post("/v1/chat/completions", json=body)
-                    status, revision = response.status_code, response.headers.get("x-sandbox-revision", "")
-                except httpx.HTTPError:
-                    status, revision = 599, ""  # no answer at all counts as a failed request
-                self.answers.append(Answer(started, time.monotonic(), status, revision))
 
 
 def _task_times(flow_run_id) -> dict[str, tuple[float, float]]:
@@ -108,6 +70,7 @@ def measure(sb, case: int, delay_s: float, time_scale: float, samples: int) -> d
     """One promotion rolled back under traffic; the times, the bound and the client's failures."""
     from flows.common import load_target
     from flows.promote import promote_model
+    from sandbox.traffic import Traffic
     from tasks import clients
     from tasks.probe import VerifyOptions
 
@@ -119,7 +82,7 @@ def measure(sb, case: int, delay_s: float, time_scale: float, samples: int) -> d
               "target": "sandbox", "verify": VerifyOptions(health_period_s=0.05)}  # fmt: skip
     old = promote_model(**params, watch={"samples": 0}).serving_revision
     url = clients.run_services(target).get_service(name=f"{target.location_path}/services/{service}").uri
-    client = Client(url, clients.identity_token(target, url).get_secret_value())
+    client = Traffic(url, clients.identity_token(target, url).get_secret_value())
     thread = threading.Thread(target=client.run, daemon=True)
     thread.start()
     sb.run("POST", "/faults", json={"service": service, "faults": FAULT, "revisions": 1})

@@ -8,20 +8,17 @@ import itertools
 import json
 import threading
 import time
-from dataclasses import dataclass, field
 
-import httpx
 import pytest
 
 from flows.promote import promote_model
+from sandbox.traffic import Traffic
 from tasks import clients
 from tasks.probe import VerifyOptions
 from tests.e2e.test_flows import artifact, run_service
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
-# At most one request in three is a long prompt: the probe's short chat passes a candidate that fails long ones.
-LONG_PROMPT = " ".join(["Summarise the quarterly report in detail please"] * 12)
 SLO = {"max_error_ratio": 0.02, "max_p95_ms": None, "min_requests": 5}
 _ids = itertools.count()
 
@@ -35,41 +32,6 @@ def promote(service: str, **kwargs):
     params = {"model": "sandbox/tiny-chat", "service": service, "token_secret_block": "sandbox-hf-token",
               "verify": FAST, **kwargs}  # fmt: skip
     return promote_model(**params)
-
-
-@dataclass
-class Answer:
-    started: float
-    status: int
-    revision: str
-    long_prompt: bool
-
-
-@dataclass
-class Traffic:
-    """A client that calls the service URL until stopped, as the service's users would: short and long prompts."""
-
-    url: str
-    token: str
-    answers: list[Answer] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        with httpx.Client(base_url=self.url, headers=headers, timeout=30) as http:
-            for n in itertools.count():
-                if self.stop.is_set():
-                    return
-                long_prompt = n % 3 == 2
-                body = {"model": "sandbox/tiny-chat", "max_tokens": 4, "stream": False,
-                        "messages": [{"role": "user", "content": LONG_PROMPT if long_prompt else "hi"}]}  # fmt: skip
-                started = time.monotonic()
-                response = http.post("/v1/chat/completions", json=body)
-                revision = response.headers.get("x-sandbox-revision", "")
-                self.answers.append(Answer(started, response.status_code, revision, long_prompt))
-
-    def errors(self) -> list[Answer]:
-        return [a for a in self.answers if a.status >= 500]
 
 
 @pytest.fixture
