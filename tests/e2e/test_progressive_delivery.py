@@ -105,7 +105,7 @@ def test_a_candidate_failing_under_traffic_is_rolled_back_within_the_watch(
     asserting_events_worker.drain()
     events = [e for e in asserting_events_worker._client.events if e.event.startswith("model.")]
     rolled_back = [e for e in events if e.event == "model.rolled_back" and e.resource.name == service]
-    assert len(rolled_back) == 1 and rolled_back[0].payload["traffic"] == [[old, 100]]
+    assert len(rolled_back) == 1 and [list(t) for t in rolled_back[0].payload["traffic"]] == [[old, 100]]
     assert rolled_back[0].payload["steps"][-1]["verdict"] == "breached"
 
 
