@@ -266,15 +266,20 @@ def _effective_limit(metric: dict, region: str) -> int | None:
     return default
 
 
+def _read_quota_metric(target: GcpTarget, metric: str):
+    """Service Usage v1beta1 ``consumerQuotaMetrics.get`` of one Cloud Run quota metric, as answered."""
+    quotas = clients.quotas(target)
+    path = f"projects/{target.project}/services/run.googleapis.com/consumerQuotaMetrics/{quote(metric, safe='')}"
+    return quotas.session.get(quotas.url(path))
+
+
 def gpu_quota_limit(target: GcpTarget, profile: ServingProfile) -> int | None:
     """The region's GPU quota for the profile's GPU, as doctor's quota check reads it (-1 = unlimited; None: no
     limit set for the region). Raises InfraError, naming the API to enable or the role to grant, when unreadable."""
     assert profile.gpu_type is not None
     metric = gpu_quota_metric(profile.gpu_type, profile.gpu_zonal_redundancy)
-    quotas = clients.quotas(target)
-    path = f"projects/{target.project}/services/run.googleapis.com/consumerQuotaMetrics/{quote(metric, safe='')}"
     with gcp_errors("serviceusage", "roles/serviceusage.serviceUsageViewer", f"reading {metric}", target.project):
-        response = quotas.session.get(quotas.url(path))
+        response = _read_quota_metric(target, metric)
         if response.status_code != 200:
             raise gexc.from_http_response(response)
     return _effective_limit(response.json(), target.region)
@@ -286,9 +291,7 @@ def check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> Check:
     if profile.gpu_type is None:
         return Check(name=name, status="ok", detail="CPU-only profile: no GPU quota needed.")
     metric = gpu_quota_metric(profile.gpu_type, profile.gpu_zonal_redundancy)
-    quotas = clients.quotas(target)
-    path = f"projects/{target.project}/services/run.googleapis.com/consumerQuotaMetrics/{quote(metric, safe='')}"
-    response = quotas.session.get(quotas.url(path))
+    response = _read_quota_metric(target, metric)
     if response.status_code != 200:
         message, disabled = _json_error(response)
         if disabled:
