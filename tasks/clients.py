@@ -240,6 +240,8 @@ class HubAccess:
 
     endpoint: str
     token: SecretStr | None
+    # Where ``endpoint`` came from, for messages that must tell a user what to change when it cannot be reached.
+    endpoint_origin: str = "huggingface_hub's default"
 
     def api(self):
         """A huggingface_hub HfApi bound to this endpoint and token."""
@@ -268,4 +270,8 @@ def hub_token(source: ModelSource, secret_block: str | None = None) -> SecretStr
 
 def hub(source: ModelSource, token: SecretStr | None) -> HubAccess:
     """The source's Hub endpoint, else HF_ENDPOINT (huggingface_hub's own setting), else huggingface.co."""
-    return HubAccess(endpoint=source.hub_endpoint or os.environ.get("HF_ENDPOINT") or HUB_DEFAULT_ENDPOINT, token=token)
+    if source.hub_endpoint:
+        return HubAccess(source.hub_endpoint, token, "the model source's hub_endpoint")
+    if os.environ.get("HF_ENDPOINT"):
+        return HubAccess(os.environ["HF_ENDPOINT"], token, "the HF_ENDPOINT environment variable")
+    return HubAccess(HUB_DEFAULT_ENDPOINT, token)

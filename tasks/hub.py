@@ -88,7 +88,15 @@ class HubNotFound(HubError):
 
 
 class HubRateLimitExhausted(HubError):
-    pass
+    """The Hub kept answering 429 until the retry policy ran out."""
+
+
+class HubUnreachable(HubError):
+    """No connection to the Hub could be opened: a wrong endpoint, or no route to it from where the flow runs."""
+
+
+class HubUnavailable(HubError):
+    """The Hub kept failing (5xx, 408, connections dropped mid-answer) until the retry policy ran out."""
 
 
 class ChecksumMismatch(HubError):
@@ -321,19 +329,56 @@ def call_hub(
     what: str,
     policy: HubRetryPolicy,
     repo_id: str,
-    endpoint: str,
+    access: HubAccess,
     stats: RetryStats | None = None,
 ) -> T:
     """Run one Hub call under the retry policy, translating final failures into messages that say what to do."""
     try:
         return hub_retrying(policy, what, run_logger(), stats)(fn)
     except Exception as exc:
-        raise translate_hub_error(exc, what, repo_id, endpoint) from None
+        raise translate_hub_error(exc, what, repo_id, access, policy) from None
 
 
-def translate_hub_error(exc: BaseException, what: str, repo_id: str, endpoint: str) -> BaseException:
+def _never_connected(exc: BaseException) -> bool:
+    """The connection itself failed (refused, no route, DNS, TLS, connect timeout): nothing reached the Hub."""
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx2.ConnectError, httpx2.ConnectTimeout))
+
+
+def exhausted_error(exc: BaseException, what: str, repo_id: str, access: HubAccess, policy: HubRetryPolicy) -> HubError:
+    """The error for a transient failure that lasted until the retry policy ran out, named by its real cause:
+    only a 429 is a rate limit; a Hub that could not be reached at all is named unreachable, with the endpoint
+    and where that endpoint came from."""
+    gave_up = (
+        f"gave up after the retry policy ran out (max_attempts={policy.max_attempts}, budget_s={policy.budget_s:g})"
+    )
+    where = f"{access.endpoint} (from {access.endpoint_origin})"
+    found = _status_and_headers(exc)
+    if found is not None and found[0] == 429:
+        return HubRateLimitExhausted(
+            f"{what}: the Hub at {where} kept rate limiting {repo_id} (HTTP 429); {gave_up}. Anonymous calls from "
+            "cloud IPs are rate limited: set a token, or raise HubRetryPolicy.budget_s / max_attempts"
+        )
+    detail = str(exc).splitlines()[0] if str(exc) else ""
+    cause = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    if _never_connected(exc):
+        return HubUnreachable(
+            f"{what}: the Hub is unreachable: no connection to {where} could be opened ({cause}); {gave_up}. Check "
+            "that this is the Hub you mean and that the machine running the flow can reach it (network, proxy, DNS, "
+            "firewall), or set the model source's hub_endpoint (or HF_ENDPOINT) to one it can reach"
+        )
+    failing = f"kept answering HTTP {found[0]}" if found is not None else f"kept dropping the connection ({cause})"
+    return HubUnavailable(
+        f"{what}: the Hub at {where} {failing} for {repo_id}; {gave_up}. The Hub is failing, not refusing you: run "
+        "again later, or raise HubRetryPolicy.budget_s / max_attempts"
+    )
+
+
+def translate_hub_error(
+    exc: BaseException, what: str, repo_id: str, access: HubAccess, policy: HubRetryPolicy
+) -> BaseException:
     if isinstance(exc, HubError):
         return exc
+    endpoint = access.endpoint
     token_hint = (
         "set a token that can read it (ModelSource.token_secret_block names a Prefect Secret block, or HF_TOKEN)"
     )
@@ -358,10 +403,7 @@ def translate_hub_error(exc: BaseException, what: str, repo_id: str, endpoint: s
             f"the licence at {endpoint}/{repo_id} with the same account"
         )
     if is_transient(exc):
-        return HubRateLimitExhausted(
-            f"{what}: gave up on {repo_id} after the retry policy ran out ({_describe(exc)}). Anonymous calls from "
-            "cloud IPs are rate limited: set a token, or raise HubRetryPolicy.budget_s / max_attempts"
-        )
+        return exhausted_error(exc, what, repo_id, access, policy)
     return HubError(f"{what}: {repo_id}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
 
@@ -383,7 +425,7 @@ def resolve_model(
         f"resolving {source.repo_id}@{source.revision}",
         policy,
         source.repo_id,
-        access.endpoint,
+        access,
         stats,
     )
     commit = info.sha or ""
@@ -536,7 +578,7 @@ class HubFileStream(io.RawIOBase):
             piece = self._retrying(attempt)
         except Exception as exc:
             self._drop_connection()
-            raise translate_hub_error(exc, self._what, self.repo_id, self.access.endpoint) from None
+            raise translate_hub_error(exc, self._what, self.repo_id, self.access, self.policy) from None
         return self._count(piece)
 
     def _count(self, piece: bytes) -> bytes:

@@ -19,8 +19,17 @@ from pydantic import SecretStr
 
 from blocks import GcpTarget, ModelSource
 from sandbox.config import SANDBOX_HF_TOKEN_NO_ACCESS
+from sandbox.serving import free_port
 from tasks import clients
-from tasks.hub import ChecksumMismatch, HubAccessDenied, HubNotFound, HubRateLimitExhausted, HubRetryPolicy
+from tasks.hub import (
+    ChecksumMismatch,
+    HubAccessDenied,
+    HubNotFound,
+    HubRateLimitExhausted,
+    HubRetryPolicy,
+    HubUnavailable,
+    HubUnreachable,
+)
 from tasks.staging import MANIFEST, StagingError, StagingOptions, stage_model
 
 _ids = itertools.count()
@@ -201,8 +210,35 @@ def test_resolution_is_retried_on_429_although_huggingface_hub_would_not(sb, tar
 def test_rate_limit_budget_ends_with_a_clear_error(sb, target, repo):
     sb.add_fault("hub", path="^/api/models/", status=429, retry_after="1")
     policy = HubRetryPolicy(budget_s=1.5)
-    with pytest.raises(HubRateLimitExhausted, match=r"gave up on .* after the retry policy ran out .*set a token"):
+    with pytest.raises(HubRateLimitExhausted, match=r"kept rate limiting .* \(HTTP 429\); gave up .*set a token"):
         stage_model(target, source(sb, repo), token(sb), StagingOptions(retry=policy))
+
+
+def test_a_hub_that_cannot_be_reached_is_named_unreachable_with_the_endpoint(target, repo):
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there: every connection is refused
+    with pytest.raises(HubUnreachable) as raised:
+        stage_model(target, ModelSource(repo_id=repo, hub_endpoint=closed), None, StagingOptions(retry=FAST_RETRY))
+    message = str(raised.value)
+    assert f"no connection to {closed} (from the model source's hub_endpoint) could be opened" in message
+    assert "ConnectError" in message and "unreachable" in message
+    # Nothing was rate limited and no token would help: the message must not send the user after one.
+    assert "rate limit" not in message.lower() and "token" not in message.lower()
+
+
+def test_an_unreachable_hub_from_hf_endpoint_says_so(target, repo, monkeypatch):
+    closed = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    with pytest.raises(HubUnreachable, match=rf"{closed} \(from the HF_ENDPOINT environment variable\)"):
+        stage_model(target, ModelSource(repo_id=repo), None, StagingOptions(retry=FAST_RETRY))
+
+
+def test_a_hub_failing_with_5xx_is_named_failing_not_rate_limited(sb, target, repo):
+    sb.add_fault("hub", path="^/api/models/", status=503)
+    with pytest.raises(HubUnavailable, match=r"kept answering HTTP 503 .*; gave up .*run again later") as raised:
+        stage_model(
+            target, source(sb, repo), token(sb), StagingOptions(retry=FAST_RETRY.model_copy(update={"max_attempts": 3}))
+        )
+    assert "rate limit" not in str(raised.value).lower()
 
 
 def test_a_dropped_connection_resumes_where_it_stopped(sb, target, repo):
