@@ -8,8 +8,11 @@ here), so it sits well above the largest model the benchmarks stage.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,8 @@ from pathlib import Path
 import httpx
 
 from sandbox.serving import LOOPBACK, free_port
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def fake_gcs_binary() -> Path:
@@ -29,6 +34,13 @@ def fake_gcs_binary() -> Path:
     binary = candidates[0]
     binary.chmod(binary.stat().st_mode | 0o111)
     return binary
+
+
+def _die_with_parent() -> None:
+    """In the emulator's process before exec: on Linux, SIGTERM it when the sandbox dies, however it dies (a
+    sandbox killed by its launcher would otherwise leave the emulator, and its RAM, behind)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -47,7 +59,7 @@ class FakeGcs:
                 self.process.wait()
 
 
-def start_fake_gcs(state_dir: Path, memory_limit: str = "8GiB", timeout_s: float = 15.0) -> FakeGcs:
+def start_fake_gcs(state_dir: Path, memory_limit: str = "8GiB", timeout_s: float = 60.0) -> FakeGcs:
     """Start the emulator on a free loopback port and wait until it answers."""
     state_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -74,6 +86,7 @@ def start_fake_gcs(state_dir: Path, memory_limit: str = "8GiB", timeout_s: float
         stdout=log,
         stderr=log,
         env={**os.environ, "GOMEMLIMIT": memory_limit},
+        preexec_fn=_die_with_parent,
     )
     log.close()
     deadline = time.monotonic() + timeout_s

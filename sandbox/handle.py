@@ -27,7 +27,7 @@ class SandboxHandle:
         self.admin = httpx.Client(base_url=f"{info['control_url']}/_sandbox", timeout=30)
 
     @classmethod
-    def start(cls, state_dir: Path, *args: str, timeout_s: float = 60.0) -> SandboxHandle:
+    def start(cls, state_dir: Path, *args: str, timeout_s: float = 180.0) -> SandboxHandle:
         """Launch ``python -m sandbox up --state-dir state_dir`` and wait until it has written its URLs."""
         state_dir.mkdir(parents=True, exist_ok=True)
         info_path = state_dir / INFO_FILE
@@ -145,7 +145,7 @@ class SandboxHandle:
             return
         self.process.send_signal(signal.SIGTERM)
         try:
-            self.process.wait(timeout=15)
+            self.process.wait(timeout=60)  # it stops every instance it runs; a busy host makes that slow
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()

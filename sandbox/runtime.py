@@ -52,7 +52,9 @@ class SandboxRuntime:
 
     async def start(self) -> dict:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.gcs = await asyncio.to_thread(start_fake_gcs, self.state_dir / "gcs")
+        # On this (the main) thread, not a worker thread: the emulator's parent-death signal follows the thread
+        # that started it (prctl PR_SET_PDEATHSIG), and nothing is served yet that a short block could delay.
+        self.gcs = start_fake_gcs(self.state_dir / "gcs")
         self.gcs_front = GcsFront(self.gcs.url, self.config.project, self.state_dir / "gcs" / "uploads")
         # Responses of the GCS front (and fake-gcs-server behind it) are held to storage.v1 (sandbox.conformance).
         gcs_app = ConformanceMiddleware(self.gcs_front.app(), self.conformance, ("storage.v1",), check_requests=False)

@@ -18,6 +18,8 @@ Environment contract (set by the Cloud Run stand-in):
 - ``SANDBOX_IMAGE_FILES``: JSON {container path: text} of a built image's entrypoint script; an exec-args
   command naming one (or a shell) runs under ``/bin/sh`` with the stand-in as ``vllm`` (image_script.py).
 - ``SANDBOX_TIME_SCALE``: real seconds per simulated second. ``SANDBOX_VLLM_FAULTS``: optional JSON faults.
+- ``SANDBOX_CLOCK_FILE``: where the stand-in publishes its simulated progress during start-up (timing.SimClock);
+  the launcher judges the startup probe's window on it.
 - Real vLLM variables that field lessons depend on: ``VLLM_ENABLE_V1_MULTIPROCESSING``, ``VLLM_HOST_IP``,
   ``GLOO_SOCKET_IFNAME``, ``VLLM_CPU_KVCACHE_SPACE``, ``HF_HUB_OFFLINE``, ``VLLM_API_KEY``.
 """

@@ -81,7 +81,9 @@ def serve_argv(argv: Sequence[str], env: InstanceEnv) -> tuple[list[str], bool]:
 
 def run(args: ServeArgs, env: InstanceEnv, log: VllmLog) -> int:
     """Start the engine and serve until SIGTERM; returns the exit code."""
-    clock = SimClock(env.time_scale)
+    clock = SimClock(env.time_scale, env.clock_file)
+    if env.faults.host_stall_s:
+        time.sleep(env.faults.host_stall_s)  # the host's delay, not the container's: its clock does not move
     sock = reserve_port(args, env, log)
     try:
         config = boot(args, env, log, clock)
@@ -104,6 +106,7 @@ def run(args: ServeArgs, env: InstanceEnv, log: VllmLog) -> int:
         ):
             log.info("launcher.py:44", f"Route: {route}, Methods: {methods}")
         server.start_listening()
+        clock.idle()
         log.uvicorn(f"Started server process [{os.getpid()}]")
         log.uvicorn("Waiting for application startup.")
         log.uvicorn("Application startup complete.")

@@ -50,6 +50,9 @@ class Faults:
     - ``served_model_name``: serve under this name instead of the configured one.
     - ``load_seconds``: simulated weight-load time instead of the size-based one.
     - ``slow_tokens_per_s``: decode speed per request instead of the device's.
+    - ``host_stall_s``: REAL seconds the container spends before its engine starts, on no simulated clock: a
+      host so busy with other work that the container's process barely runs. The startup probe is judged on
+      the container's clock (timing.SimClock), so this delays a start without failing it.
 
     Faults that only real traffic meets (the pipeline's probes send /health, /v1/models and ONE short chat
     completion of about 21 prompt tokens, so a revision with these passes them and fails afterwards):
@@ -84,6 +87,7 @@ class Faults:
     fail_prompts_longer_than: int | None = None
     fail_every_nth_request: int | None = None
     latency_ms_per_inflight: float | None = None
+    host_stall_s: float | None = None
 
     def __post_init__(self) -> None:
         # A nonsensical value is a launcher bug: say so at start rather than serve something odd.
@@ -133,6 +137,8 @@ class InstanceEnv:
     # Whether the command is the built image's own ENTRYPOINT (SANDBOX_IMAGE_FILES set, maybe empty): only then
     # is a shell run for real, so a service spec alone never runs host commands.
     image_entrypoint: bool = False
+    # Where the container's SimClock publishes its progress for the launcher's startup probe (sandbox/vllm/timing.py).
+    clock_file: Path | None = None
 
     @property
     def cpu_mode(self) -> bool:
@@ -195,6 +201,7 @@ class InstanceEnv:
             vllm_env=vllm_env,
             image_files=_image_files(env),
             image_entrypoint="SANDBOX_IMAGE_FILES" in env,
+            clock_file=Path(env["SANDBOX_CLOCK_FILE"]) if env.get("SANDBOX_CLOCK_FILE") else None,
         )
 
 

@@ -191,6 +191,21 @@ def test_seed_004s_probe_idles_four_minutes_then_dies_on_one_miss(sb, services, 
         update(services, sandbox_target, f"{sandbox_target.location_path}/services/{service_id}", spec)
 
 
+def test_a_start_slowed_by_a_busy_host_is_not_a_failed_probe(sb, services, sandbox_target, service_id):
+    # The host stalls the container for 3 real seconds: 300 simulated seconds at the sandbox's 0.01, more than
+    # the probe's 245 s window (5 + 2 x 120) when counted on the wall clock. A starved laptop or CI runner is
+    # not a slow revision: the probe runs on the container's own clock, and the revision starts.
+    deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
+    sb.run("POST", "/faults", json={"service": service_id, "faults": {"host_stall_s": 3.0}})
+    name = f"{sandbox_target.location_path}/services/{service_id}"
+    updated = update(services, sandbox_target, name, gpu_service(BUCKET, args=vllm_args("--dtype=float16")))
+    assert updated.latest_ready_revision == updated.latest_created_revision
+    # The same 300 s spent by the container itself (a slow weight load) fails that window, as on Cloud Run.
+    sb.run("POST", "/faults", json={"service": service_id, "faults": {"load_seconds": 300}})
+    with pytest.raises(exceptions.GoogleAPICallError, match="is not ready and cannot serve traffic"):
+        update(services, sandbox_target, name, gpu_service(BUCKET, args=vllm_args("--dtype=bfloat16")))
+
+
 @pytest.mark.parametrize(
     ("image", "args", "log_line"),
     [

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 
+import httpx
 import pytest
 from google.api_core import exceptions
 
+from sandbox.handle import SandboxHandle
 from tasks import clients
+from tests.support.locks import wait_until
 
 _ids = itertools.count()
 
@@ -80,3 +84,24 @@ def test_faults_can_target_storage(sb, storage):
     )
     with pytest.raises(exceptions.Forbidden):
         storage.get_bucket("gcs-forbidden")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_a_killed_sandbox_leaves_no_emulator_behind(tmp_path):
+    # A sandbox its launcher had to SIGKILL (a stop that outlasted the wait) must not leave fake-gcs-server running:
+    # each one holds its objects in RAM, and a suite that starts many sandboxes would pile them up.
+    handle = SandboxHandle.start(tmp_path / "killed")
+    emulator = handle.info["gcs_emulator_url"]
+    assert httpx.get(f"{emulator}/storage/v1/b", timeout=10).status_code == 200
+    handle.process.kill()
+    handle.process.wait()
+    handle.stop()
+
+    def emulator_gone() -> bool:
+        try:
+            httpx.get(f"{emulator}/storage/v1/b", timeout=2)
+        except httpx.TransportError:
+            return True
+        return False
+
+    wait_until(emulator_gone, 60, "the emulator to exit with its sandbox")

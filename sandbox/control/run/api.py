@@ -681,8 +681,8 @@ class CloudRun:
                 task.cancel()
             for served in record.frontends.values():
                 await served.stop()
-        for name in list(self.instances):
-            await self._stop_instance(name)
+        # All at once: one by one, a few hundred instances on a busy host outlast the launcher's patience.
+        await asyncio.gather(*(self._stop_instance(name) for name in list(self.instances)))
         if self._http is not None:
             await self._http.aclose()
         await self.internet.close()

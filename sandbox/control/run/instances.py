@@ -2,9 +2,18 @@
 
 The container is the vLLM stand-in (``python -m sandbox.vllm ARGS``, contract in sandbox/vllm). Its container
 port is mapped to a free loopback port; the probe and the front ends reach it there. Probe timing follows
-Cloud Run on the sandbox clock: initial delay, then one probe per period, failure after ``failureThreshold``
-consecutive misses; a TCP probe succeeds when the port accepts a connection within its timeout, an HTTP probe
-when ``GET path`` answers 2xx/3xx within its timeout.
+Cloud Run: initial delay, then one probe per period, failure after ``failureThreshold`` consecutive misses; a
+TCP probe succeeds when the port accepts a connection within its timeout, an HTTP probe when ``GET path``
+answers 2xx/3xx within its timeout.
+
+The probe's schedule runs on the container's own simulated clock, which the stand-in publishes
+(``SANDBOX_CLOCK_FILE``, sandbox/vllm/timing.SimClock), not on the host's wall clock. At 1/100 of real time a
+240 s window is 2.4 real seconds, and a host busy with other work (a laptop, a shared CI runner) can spend
+that much just starting the stand-in's interpreter: judged on the wall clock, the same revision would start
+on an idle machine and fail its probe on a busy one. On the container's clock, only what the stand-in models
+(engine init, weight loading, compile, hangs) counts against the window, so a revision starts or fails the
+same way at any host load. A container whose clock never moves (a script that hangs before the stand-in runs)
+is failed after the window plus ``STALLED_CONTAINER_S`` of real time.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -21,9 +31,14 @@ from pathlib import Path
 import httpx
 
 from sandbox.serving import LOOPBACK, free_port
+from sandbox.vllm.timing import PublishedClock
 
-# Real timeouts are not shrunk below this: host scheduling noise on a 2-core machine is not simulated time.
-MIN_REAL_PROBE_TIMEOUT_S = 0.25
+# Real timeouts are not shrunk below this: host scheduling noise on a busy 2-core machine is not simulated time.
+MIN_REAL_PROBE_TIMEOUT_S = 1.0
+# How often the launcher looks at the container's clock (real seconds).
+CLOCK_POLL_S = 0.01
+# Real seconds a container may take beyond its window when its clock does not move (it never published one).
+STALLED_CONTAINER_S = 120.0
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
 
 
@@ -40,6 +55,18 @@ class ProbeSpec:
     @property
     def window_s(self) -> float:
         return self.initial_delay_s + self.period_s * self.failure_threshold
+
+    def due_at(self, attempt: int) -> float:
+        """When probe number ``attempt`` (1-based) is sent, in seconds since the container started."""
+        return self.initial_delay_s + (attempt - 1) * self.period_s
+
+    def due_by(self, seconds: float) -> int:
+        """How many probes have been sent ``seconds`` after the container started."""
+        return 0 if seconds < self.initial_delay_s else int((seconds - self.initial_delay_s) // self.period_s) + 1
+
+    def first_due_at_or_after(self, seconds: float) -> int:
+        """The number of the first probe sent at or after ``seconds``."""
+        return max(math.ceil((seconds - self.initial_delay_s) / self.period_s), 0) + 1
 
 
 @dataclass(frozen=True)
@@ -76,6 +103,7 @@ class Instance:
         self.host_port = free_port()
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = workdir / "container.log"
+        self.clock_path = workdir / "clock"
 
     @property
     def running(self) -> bool:
@@ -101,6 +129,7 @@ class Instance:
                 "SANDBOX_MOUNTS": json.dumps(self.spec.mounts),
                 "SANDBOX_ROOT": str(self.workdir / "root"),
                 "SANDBOX_TIME_SCALE": repr(self.time_scale),
+                "SANDBOX_CLOCK_FILE": str(self.clock_path),
                 # The platform's own plumbing, like the metadata server: how the container reaches storage.
                 "STORAGE_EMULATOR_HOST": self.gcs_url,
             }
@@ -112,6 +141,7 @@ class Instance:
     async def start(self) -> StartOutcome:
         """Launch the container and run the startup probe until it passes, fails, or the container exits."""
         (self.workdir / "root").mkdir(parents=True, exist_ok=True)
+        self.clock_path.unlink(missing_ok=True)  # a restarted instance starts its clock again
         with self.log_path.open("ab") as log:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -128,28 +158,32 @@ class Instance:
         return await self._probe_until_started()
 
     async def _probe_until_started(self) -> StartOutcome:
-        probe, scale = self.spec.probe, self.time_scale
+        probe = self.spec.probe
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        # The window is enforced on the clock as well as by counting misses: probe overhead on a busy host
-        # must not stretch a 240 s window into more simulated time than Cloud Run would allow.
-        deadline = started + probe.window_s * scale
-        if await self._exited_within(probe.initial_delay_s * scale):
-            return StartOutcome(False, self._exit_code())
+        stalled_at = loop.time() + probe.window_s * self.time_scale + STALLED_CONTAINER_S
         failures = 0
         async with httpx.AsyncClient() as client:
             while True:
-                attempt_started = loop.time()
-                if await self._probe_once(probe, client):
-                    return StartOutcome(True, elapsed_sim_s=(loop.time() - started) / scale)
-                if self._exit_code() is not None:
-                    return StartOutcome(False, self._exit_code(), failures)
-                failures += 1
-                if failures >= probe.failure_threshold or loop.time() >= deadline:
+                clock = PublishedClock.read(self.clock_path)
+                now = clock.now(self.time_scale) if clock else 0.0
+                if probe.due_by(now) > failures:
+                    if await self._probe_once(probe, client):
+                        # Passed now; Cloud Run's probe would have passed at its first one after the container
+                        # began listening, and only if that one fell within the window.
+                        listening = clock.listening_since if clock and clock.listening_since is not None else now
+                        attempt = probe.first_due_at_or_after(listening)
+                        if attempt <= probe.failure_threshold:
+                            return StartOutcome(True, probe_failures=attempt - 1, elapsed_sim_s=probe.due_at(attempt))
+                        failures = probe.failure_threshold
+                    else:
+                        # Every probe due since the last one missed too: the container was not up for any of them.
+                        failures = min(probe.due_by(now), probe.failure_threshold)
+                    if self._exit_code() is not None:
+                        return StartOutcome(False, self._exit_code(), failures)
+                if failures >= probe.failure_threshold or now >= probe.window_s or loop.time() >= stalled_at:
                     await self.stop()
-                    return StartOutcome(False, None, failures, (loop.time() - started) / scale)
-                next_probe = min(attempt_started + probe.period_s * scale, deadline)
-                if await self._exited_within(max(next_probe - loop.time(), 0)):
+                    return StartOutcome(False, None, failures, now)
+                if await self._exited_within(CLOCK_POLL_S):
                     return StartOutcome(False, self._exit_code(), failures)
 
     def _exit_code(self) -> int | None:
