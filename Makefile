@@ -7,7 +7,7 @@ BIN     = $(VENV)/bin
 # The demo's run history lives in the repo folder, so `make ui` shows it.
 DEMO_PREFECT = PREFECT_HOME=$(CURDIR)/.prefect PREFECT_SERVER_ANALYTICS_ENABLED=false
 
-.PHONY: demo test lint sandbox ui ui-check clean
+.PHONY: demo test test-under-load lint sandbox ui ui-check clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,18 @@ ui-check: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[dev,ui]'
 	UI_CHECK=1 $(BIN)/python -m pytest -q tests/browser
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each with its own sandbox and Prefect harness, a test
+# file to one worker: most of a test's time is waiting on servers and the sandbox's simulated clocks, not CPU.
+# TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 4
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The suite as a busy laptop or a shared CI runner sees it: two CPU-bound processes share the cores for the
+# whole run (nothing in it may depend on an idle machine).
+test-under-load: $(BIN)/.installed
+	@$(PYTHON) -c 'while True: pass' & a=$$!; $(PYTHON) -c 'while True: pass' & b=$$!; \
+	  trap 'kill $$a $$b' EXIT; $(MAKE) --no-print-directory test
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -24,6 +24,7 @@ from tests.support.sandbox_config import config_setter
 # Before google-auth's metadata module is imported (it reads GCE_METADATA_HOST once; nothing above imports it):
 # ID tokens come from the session sandbox's metadata server, as they would from a Cloud Run worker's.
 METADATA_PORT = point_google_auth_at()
+HARNESS_STARTUP_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="session")
@@ -88,5 +89,25 @@ def prefect_api():
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    # The server's start is mostly imports and database migrations: about 12 s on an idle 2-core machine, and
+    # several times that when other processes share the cores (Prefect's default of 30 s then times out).
+    with (
+        prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_TIMEOUT_S),
+        temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+    ):
         yield
+
+
+# Longest first: `make test` hands each test file to one of its workers in collection order, so a slow file
+# collected last would run alone at the end. Files marked slow go first, then the tiers by their usual weight
+# (end to end, reliability, integration, unit); the order within a file is kept.
+_TIER_ORDER = ("tests/e2e/", "tests/reliability/", "tests/integration/", "tests/unit/")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def weight(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.replace("\\", "/")
+        tier = next((i for i, prefix in enumerate(_TIER_ORDER) if path.startswith(prefix)), len(_TIER_ORDER))
+        return (0 if item.get_closest_marker("slow") else 1, tier)
+
+    items.sort(key=weight)

@@ -23,6 +23,8 @@ from tasks.staging import MANIFEST, commit_prefix
 from tests.support.locks import lock_slots
 from tests.support.prefect_server import prefect_server, run_command
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
 SANDBOX_FILE = "sandbox/prefect.yaml"

@@ -24,6 +24,8 @@ from tasks import clients
 from tasks.cloudrun import service_id_for
 from tests.support.prefect_server import PREFECT, ROOT, prefect_server, run_command
 
+pytestmark = pytest.mark.slow
+
 README = (ROOT / "README.md").read_text()
 MODEL = "google/gemma-4-E2B-it"
 
