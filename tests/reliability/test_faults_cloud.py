@@ -1,11 +1,7 @@
 """Fault injection (issue 8), the control plane: Cloud Build INTERNAL_ERROR, Cloud Run operation errors, and a
 429 and a 503 from every API a promotion calls.
 
-Each test asserts one of two outcomes: the promotion completes, with every staged byte verified against the
-Hub's listing and traffic moved to the new revision; or it fails cleanly, with traffic where it was. Where
-weights are staged, a ``_manifest.json`` exists only when every object it lists carries the Hub's digest, and
-no object is uploaded twice. Faults go in over HTTP (sandbox/faults.py, the Cloud Run stand-in's instance
-faults, forced Cloud Build outcomes); product code is never patched. Shared helpers: tests/support/faults.py.
+The outcomes each test asserts, and the helpers: tests/support/faults.py.
 """
 
 from __future__ import annotations

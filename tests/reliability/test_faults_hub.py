@@ -1,10 +1,6 @@
 """Fault injection (issue 8), the Hub: 429s for a whole promotion, connections dropped mid-file, 500 and 503 bursts.
 
-Each test asserts one of two outcomes: the promotion completes, with every staged byte verified against the
-Hub's listing and traffic moved to the new revision; or it fails cleanly, with traffic where it was. Where
-weights are staged, a ``_manifest.json`` exists only when every object it lists carries the Hub's digest, and
-no object is uploaded twice. Faults go in over HTTP (sandbox/faults.py, the Cloud Run stand-in's instance
-faults, forced Cloud Build outcomes); product code is never patched. Shared helpers: tests/support/faults.py.
+The outcomes each test asserts, and the helpers: tests/support/faults.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
-"""What the fault-injection tests (tests/reliability/test_faults_*.py) share: promotions as a user runs them, and
-the proofs that every staged byte is the Hub's and was uploaded once."""
+"""What the fault-injection tests (tests/reliability/test_faults_*.py, issue 8) share: promotions as a user runs
+them, and the proofs that every staged byte is the Hub's and was uploaded once.
+
+Each test asserts one of two outcomes: the promotion completes, with every staged byte verified against the
+Hub's listing and traffic moved to the new revision; or it fails cleanly, with traffic where it was. Where
+weights are staged, a ``_manifest.json`` exists only when every object it lists carries the Hub's digest, and
+no object is uploaded twice. Faults go in over HTTP (sandbox/faults.py, the Cloud Run stand-in's instance
+faults, forced Cloud Build outcomes); product code is never patched.
+"""
 
 from __future__ import annotations
 
