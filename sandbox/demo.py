@@ -41,8 +41,8 @@ def run_demo(state_dir: Path) -> int:
     started = time.monotonic()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # The first run creates Prefect's database before its ephemeral server answers: on 2 busy cores that takes
-    # longer than Prefect's default 20 s wait.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # longer than Prefect's default 20 s wait, and several times longer when other work shares the cores.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     _step("Starting the sandbox: Hub, GCS, Cloud Run, Cloud Build, Compute, IAM, Secret Manager on loopback")
     # Identity comes from the sandbox's metadata server, as on a Cloud Run worker: google-auth must learn its
