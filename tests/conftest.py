@@ -106,8 +106,7 @@ _TIER_ORDER = ("tests/e2e/", "tests/reliability/", "tests/integration/", "tests/
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def weight(item: pytest.Item) -> tuple[int, int]:
-        path = item.nodeid.replace("\\", "/")
-        tier = next((i for i, prefix in enumerate(_TIER_ORDER) if path.startswith(prefix)), len(_TIER_ORDER))
+        tier = next((i for i, prefix in enumerate(_TIER_ORDER) if item.nodeid.startswith(prefix)), len(_TIER_ORDER))
         return (0 if item.get_closest_marker("slow") else 1, tier)
 
     items.sort(key=weight)
