@@ -58,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--metadata-port", type=int, default=None, help="port of the metadata server stand-in (GCE_METADATA_HOST)"
     )
+    engine_help = "what serves CPU revisions: the stand-in, or the real vLLM engine (`make engine` first)"
+    up.add_argument("--engine", choices=("stand-in", "vllm"), default=None, help=engine_help)
     demo = sub.add_parser("demo", help="start a sandbox and walk through a model going live on it")
     demo.add_argument("--state-dir", type=Path, default=Path(".sandbox/demo"))
+    demo.add_argument("--engine", choices=("stand-in", "vllm"), default="stand-in", help=engine_help)
     blocks = sub.add_parser("blocks", help="save the Prefect blocks that point the flows at a running sandbox")
     blocks.add_argument("state_dir", type=Path, help="the running sandbox's --state-dir")
     args = parser.parse_args(argv)
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             settings["time_scale"] = args.time_scale
         if args.metadata_port is not None:
             settings["metadata_port"] = args.metadata_port
+        if args.engine is not None:
+            settings["engine"] = args.engine
         asyncio.run(_serve(args.state_dir.resolve(), SandboxConfig.model_validate(settings), args.quiet))
         return 0
     if args.command == "blocks":
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from sandbox.demo import run_demo
 
-    return run_demo(args.state_dir.resolve())
+    return run_demo(args.state_dir.resolve(), engine=args.engine)
 
 
 if __name__ == "__main__":

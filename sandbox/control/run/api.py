@@ -594,6 +594,10 @@ class CloudRun:
         base = image_behaviour(config.base) if config is not None else None
         launch = plan_launch(config, behaviour, base, list(container.command), list(container.args))
         env = {**launch.env, **container_env(self.ctx, container, revision.service_account)}
+        real_engine = self.config.engine == "vllm" and not accelerator
+        note = ""
+        if self.config.engine == "vllm" and accelerator:
+            note = f"this revision asks for {accelerator}; the real engine here is vLLM's CPU build, so the stand-in serves it"
         return InstanceSpec(
             revision=revision.name.rsplit("/", 1)[1],
             argv=launch.argv,
@@ -606,6 +610,8 @@ class CloudRun:
             probe=res.startup_probe(container),
             mounts=res.gcs_mounts(revision_template_view(revision), container),
             faults=faults,
+            engine_venv=self.config.engine_venv if real_engine else None,
+            note=note,
         )
 
     async def _start_instance(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict):
@@ -668,7 +674,9 @@ class CloudRun:
             monitoring = self.ctx.module("monitoring")
             if monitoring is not None:
                 location = record.service.name.split("/")[3]
-                monitoring.record_request(location, record.service_id, revision, status, seconds)
+                instance = self.instances.get(f"{record.service.name}/revisions/{revision}")
+                real_time = instance is not None and instance.spec.real_engine
+                monitoring.record_request(location, record.service_id, revision, status, seconds, real_time)
 
         issuer = self.ctx.identity
         app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http, issuer, served)

@@ -14,6 +14,11 @@ on an idle machine and fail its probe on a busy one. On the container's clock, o
 (engine init, weight loading, compile, hangs) counts against the window, so a revision starts or fails the
 same way at any host load. A container whose clock never moves (a script that hangs before the stand-in runs)
 is failed after the window plus ``STALLED_CONTAINER_S`` of real time.
+
+A revision served by the real engine (``--engine vllm``, sandbox/vllm/real_engine.py) publishes no clock: it loads,
+profiles and starts in real seconds, so its probe runs on the wall clock, unscaled, as Cloud Run's does. Its
+window is the revision's own (initial delay + period x threshold: 245 s and more for the cpu preset) against a real
+start of about 30 s here, so a busy host has minutes of margin; its probe timeout is the configured one.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from sandbox.vllm.timing import PublishedClock
 MIN_REAL_PROBE_TIMEOUT_S = 1.0
 # How often the launcher looks at the container's clock (real seconds).
 CLOCK_POLL_S = 0.01
+# How often the launcher looks for a real engine's exit between its probes (real seconds).
+REAL_ENGINE_POLL_S = 0.1
 # Real seconds a container may take beyond its window when its clock does not move (it never published one).
 STALLED_CONTAINER_S = 120.0
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
@@ -82,6 +89,13 @@ class InstanceSpec:
     probe: ProbeSpec
     mounts: list[dict]
     faults: dict = field(default_factory=dict)
+    # The real vLLM engine's venv when the revision runs on it (``--engine vllm``); None for the stand-in.
+    engine_venv: str | None = None
+    note: str = ""  # a line the sandbox writes to the container's log before it starts (why it runs what it runs)
+
+    @property
+    def real_engine(self) -> bool:
+        return self.engine_venv is not None
 
 
 @dataclass
@@ -99,7 +113,8 @@ class Instance:
         self.spec = spec
         self.workdir = workdir
         self.gcs_url = gcs_url
-        self.time_scale = time_scale
+        # The real engine runs in real time: its probe's periods and timeouts are not scaled.
+        self.time_scale = 1.0 if spec.real_engine else time_scale
         self.host_port = free_port()
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = workdir / "container.log"
@@ -130,10 +145,15 @@ class Instance:
                 "SANDBOX_ROOT": str(self.workdir / "root"),
                 "SANDBOX_TIME_SCALE": repr(self.time_scale),
                 "SANDBOX_CLOCK_FILE": str(self.clock_path),
-                # The platform's own plumbing, like the metadata server: how the container reaches storage.
+                # The platform's own plumbing, like the metadata server: how the container reaches storage. The
+                # Python client reads the first; runai-model-streamer's C++ client the other two (FACTS.md).
                 "STORAGE_EMULATOR_HOST": self.gcs_url,
+                "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.gcs_url,
+                "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1",
             }
         )
+        if self.spec.engine_venv is not None:
+            env["SANDBOX_ENGINE_VENV"] = self.spec.engine_venv
         if self.spec.faults:
             env["SANDBOX_VLLM_FAULTS"] = json.dumps(self.spec.faults)
         return env
@@ -143,6 +163,9 @@ class Instance:
         (self.workdir / "root").mkdir(parents=True, exist_ok=True)
         self.clock_path.unlink(missing_ok=True)  # a restarted instance starts its clock again
         with self.log_path.open("ab") as log:
+            if self.spec.note:
+                log.write(f"[sandbox] {self.spec.note}\n".encode())
+                log.flush()
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -160,12 +183,16 @@ class Instance:
     async def _probe_until_started(self) -> StartOutcome:
         probe = self.spec.probe
         loop = asyncio.get_running_loop()
-        stalled_at = loop.time() + probe.window_s * self.time_scale + STALLED_CONTAINER_S
+        launched = loop.time()
+        stalled_at = launched + probe.window_s * self.time_scale + STALLED_CONTAINER_S
         failures = 0
         async with httpx.AsyncClient() as client:
             while True:
-                clock = PublishedClock.read(self.clock_path)
-                now = clock.now(self.time_scale) if clock else 0.0
+                if self.spec.real_engine:
+                    clock, now = None, loop.time() - launched
+                else:
+                    clock = PublishedClock.read(self.clock_path)
+                    now = clock.now(self.time_scale) if clock else 0.0
                 if probe.due_by(now) > failures:
                     if await self._probe_once(probe, client):
                         # Passed now; Cloud Run's probe would have passed at its first one after the container
@@ -183,7 +210,7 @@ class Instance:
                 if failures >= probe.failure_threshold or now >= probe.window_s or loop.time() >= stalled_at:
                     await self.stop()
                     return StartOutcome(False, None, failures, now)
-                if await self._exited_within(CLOCK_POLL_S):
+                if await self._exited_within(REAL_ENGINE_POLL_S if self.spec.real_engine else CLOCK_POLL_S):
                     return StartOutcome(False, self._exit_code(), failures)
 
     def _exit_code(self) -> int | None:

