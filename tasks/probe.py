@@ -35,6 +35,8 @@ class Verification(BaseModel):
     served_models: list[str]
     reply: str
     usage: dict
+    # What the server says it is (vLLM: "vllm-<version>-<config hash>"), when it says; tells engines apart.
+    system_fingerprint: str | None = None
     requests: int = 0
     p50_ms: float | None = None
     p95_ms: float | None = None
@@ -108,12 +110,17 @@ def verify(url: str, token: SecretStr, served_name: str, options: VerifyOptions 
             raise VerificationFailed("chat completion returned no text or no token usage")
         result = Verification(
             url=url, healthy_after_s=round(healthy_after, 3), health_checks=checks, served_models=served,
-            reply=reply, usage=usage,
+            reply=reply, usage=usage, system_fingerprint=_fingerprint(answer),
         )  # fmt: skip
         if options.load_requests:
             result = _load_test(client, served_name, options, result)
     log.info("verified %s: healthy after %.1f s, reply %r", url, healthy_after, reply[:60])
     return result
+
+
+def _fingerprint(answer: dict) -> str | None:
+    value = answer.get("system_fingerprint")
+    return value[:120] if isinstance(value, str) else None  # untrusted: a string, and short
 
 
 def _load_test(client: httpx.Client, served_name: str, options: VerifyOptions, result: Verification) -> Verification:

@@ -166,7 +166,9 @@ class PromotionReport(BaseModel):
             v = self.verification
             rows.append(
                 f"| verification | healthy after {v.healthy_after_s:.1f} s, serves {', '.join(v.served_models)}, "
-                f"reply {v.reply[:60]!r} ({v.usage.get('completion_tokens', 0)} tokens) |"
+                f"reply {v.reply[:60]!r} ({v.usage.get('completion_tokens', 0)} tokens)"
+                + (f", from `{v.system_fingerprint}`" if v.system_fingerprint else "")
+                + " |"
             )
             if v.requests:
                 rows.append(f"| load test | {v.requests} requests: p50 {v.p50_ms} ms, p95 {v.p95_ms} ms, "

@@ -17,8 +17,9 @@ given to it, each in the way that keeps what vLLM sees unchanged:
   published loopback port instead (``--host 127.0.0.1 --port P`` appended: argparse keeps the last). Where it
   would not (another port, or only loopback), it gets a free port nothing probes, so the revision fails its probe
   as it would on Cloud Run.
-- **Its own disk.** HOME and TMPDIR are the container root's ``/root`` and ``/tmp``, so vLLM's ``/tmp/vllm_dist_*``
-  and the streamer's asset cache (``~/.cache/vllm/assets/model_streamer``) go when the instance's root does.
+- **Its own disk.** HOME and TMPDIR are the instance's own folders (set by the launcher, sandbox/control/run/
+  instances.py), so vLLM's ``/tmp/vllm_dist_*`` and the streamer's asset cache (``~/.cache/vllm/assets/
+  model_streamer``) go when the instance stops.
 """
 
 from __future__ import annotations
@@ -179,10 +180,6 @@ def exec_engine(forwarded: Sequence[str], legacy: bool, env: InstanceEnv, log: V
     if mounts:
         command = in_mount_namespace(mount_script(mounts), command)
     child_env = dict(os.environ)
-    for name in ("HOME", "TMPDIR"):
-        folder = env.root / ("root" if name == "HOME" else "tmp")
-        folder.mkdir(parents=True, exist_ok=True)
-        child_env[name] = str(folder)
     sys.stdout.flush()
     sys.stderr.flush()
     _die_with_launcher()

