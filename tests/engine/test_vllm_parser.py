@@ -37,8 +37,8 @@ def strategies(preset: str) -> dict[str, dict]:
     """Profile overrides (image or build) for each way the product can serve this preset."""
     wrapper = {"image": None, "build": {"recipe": "serve-wrapper"}}
     if PRESETS[preset].get("gpu_type"):
-        return {"model-garden": {"image": MODEL_GARDEN_VLLM_IMAGE}, "vllm-openai": {"image": "vllm/vllm-openai:v0.33.0"},
-                "serve-wrapper": wrapper}  # fmt: skip
+        generic = {"image": "vllm/vllm-openai:v0.33.0"}
+        return {"model-garden": {"image": MODEL_GARDEN_VLLM_IMAGE}, "vllm-openai": generic, "serve-wrapper": wrapper}
     return {"vllm-cpu-recipe": {}, "serve-wrapper": wrapper}
 
 
@@ -52,7 +52,8 @@ def wrapper_command(args: list[str], env: dict[str, str], port: int, tmp_path: P
     bin_dir.mkdir(exist_ok=True)
     record = tmp_path / "argv.json"
     fake = bin_dir / "vllm"
-    fake.write_text(f'#!/bin/sh\nexec python3 -c \'import json,sys; json.dump(sys.argv[1:], open("{record}","w"))\' "$@"\n')
+    recorder = f'import json,sys; json.dump(sys.argv[1:], open("{record}","w"))'
+    fake.write_text(f"#!/bin/sh\nexec python3 -c '{recorder}' \"$@\"\n")
     fake.chmod(0o755)
     script = RECIPES_DIR / "serve_wrapper" / "serve-model.sh"
     run_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **env, "PORT": str(port)}
@@ -62,7 +63,8 @@ def wrapper_command(args: list[str], env: dict[str, str], port: int, tmp_path: P
 
 def serve_words(preset: str, strategy: str, load_mode: str, token: bool, tmp_path: Path) -> list[str]:
     """The words after `vllm serve` in the container the product renders for this case."""
-    profile = ServingProfile.preset(preset, load_mode=load_mode, hf_token_at_runtime=token, **strategies(preset)[strategy])
+    overrides = strategies(preset)[strategy]
+    profile = ServingProfile.preset(preset, load_mode=load_mode, hf_token_at_runtime=token, **overrides)
     image = image_for(profile)
     container = render_service(profile, TARGET, SOURCE, WEIGHTS, image, revision="svc-rev").template.containers[0]
     args = list(container.args)

@@ -25,7 +25,7 @@ def check(argv: list[str]) -> dict:
             cli.main()
     except SystemExit as exc:
         return {"ok": exc.code in (0, None), "code": exc.code, "stderr": err.getvalue()[-2000:]}
-    except Exception as exc:  # noqa: BLE001 - validation errors are the result, not a crash of this script
+    except Exception as exc:  # validation errors are the result, not a crash of this script
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "stderr": err.getvalue()[-2000:]}
     return {"ok": True}
 

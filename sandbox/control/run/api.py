@@ -598,7 +598,7 @@ class CloudRun:
         real_engine = self.config.engine == "vllm" and not accelerator
         note = ""
         if self.config.engine == "vllm" and accelerator:
-            note = f"this revision asks for {accelerator}; the real engine here is vLLM's CPU build, so the stand-in serves it"
+            note = f"this revision asks for {accelerator}; the real engine here is CPU-only: the stand-in serves it"
         return InstanceSpec(
             revision=revision.name.rsplit("/", 1)[1],
             argv=launch.argv,
