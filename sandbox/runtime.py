@@ -28,7 +28,6 @@ from sandbox.gcs import FakeGcs, start_fake_gcs
 from sandbox.gcs_front import GcsFront
 from sandbox.hub.app import build_cdn_app, build_hub_app, hub_admin_routes
 from sandbox.hub.state import HubState, seed_default_repos
-from sandbox.hub.tiny_llama import tiny_llama_repo
 from sandbox.identity import TokenIssuer
 from sandbox.metadata import RequireFlavor, build_metadata_app
 from sandbox.serving import ServedApp, serve_app
@@ -65,10 +64,8 @@ class SandboxRuntime:
         self.servers["gcs"] = await serve_app(FaultMiddleware(gcs_app, "gcs", self.faults), "gcs")
         if self.config.seed_models:
             seed_default_repos(self.hub)
-        if self.config.engine == "vllm":
-            if not (Path(self.config.engine_venv) / "bin" / "vllm").exists():
-                raise RuntimeError(f"engine vllm: no engine at {self.config.engine_venv}; run `make engine` first")
-            self.hub.add_repo(tiny_llama_repo(), replace=True)  # a real model for the real engine
+        if self.config.engine == "vllm" and not (Path(self.config.engine_venv) / "bin" / "vllm").exists():
+            raise RuntimeError(f"engine vllm: no engine at {self.config.engine_venv}; run `make engine` first")
         cdn = await serve_app(FaultMiddleware(build_cdn_app(self.hub), "cdn", self.faults), "cdn")
         self.servers["cdn"] = cdn
         self.hub.cdn_url = cdn.url

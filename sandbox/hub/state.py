@@ -12,6 +12,7 @@ from sandbox.config import SANDBOX_HF_TOKEN, SANDBOX_HF_TOKEN_NO_ACCESS
 from sandbox.hub.blobs import Blob
 from sandbox.hub.models import add_commit, create_branch, generate_model_repo, regenerate_weights, tag
 from sandbox.hub.repo import OWNER_USER, VISITOR_USER, Repo
+from sandbox.hub.tiny_llama import tiny_llama_repo
 
 MIB = 1024 * 1024
 
@@ -84,6 +85,8 @@ def seed_default_repos(state: HubState) -> None:
       has a model card update on top, and branch ``dev`` holds different weights (seed 1).
     - ``sandbox/gated-chat``: gated ("manual"), licence accepted only by the user of SANDBOX_HF_TOKEN.
     - ``sandbox/private-chat``: private, readable only with SANDBOX_HF_TOKEN.
+    - ``sandbox/tiny-llama``: public, a real 2-layer Llama (2.9 MB) the real engine serves (``--engine vllm``);
+      the stand-in serves it too, so deployments/sandbox/tiny-llama.yaml runs on either.
     """
     tiny = generate_model_repo("sandbox/tiny-chat", weight_bytes=4 * MIB, shards=2)
     first = tiny.branches["main"]
@@ -101,3 +104,4 @@ def seed_default_repos(state: HubState) -> None:
     small = {"weight_bytes": 1 * MIB, "shards": 1, "include_bin_duplicate": False, "include_original": False}
     private = generate_model_repo("sandbox/private-chat", private=True, **small)
     state.add_repo(private, replace=True)
+    state.add_repo(tiny_llama_repo(), replace=True)

