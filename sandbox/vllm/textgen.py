@@ -82,11 +82,16 @@ class Generated:
         return "".join(self.pieces)
 
 
-def generate(model_name: str, prompt: str, index: int, max_tokens: int) -> Generated:
-    """The answer ``model_name`` gives to ``prompt`` (choice ``index``), at most ``max_tokens`` long."""
+def generate(model_name: str, prompt: str, index: int, max_tokens: int, ignore_eos: bool = False) -> Generated:
+    """The answer ``model_name`` gives to ``prompt`` (choice ``index``), at most ``max_tokens`` long.
+
+    ``ignore_eos`` (vLLM's sampling parameter): the answer never ends by itself, only at ``max_tokens``.
+    """
     digest = hashlib.sha256(f"{model_name}\0{prompt}\0{index}".encode()).digest()
     rng = random.Random(int.from_bytes(digest[:8], "big"))
     natural = MIN_NATURAL_TOKENS + rng.randrange(NATURAL_TOKEN_SPREAD)
+    if ignore_eos:
+        natural = max_tokens + 1
     length = min(natural, max_tokens)
     words = [rng.choice(_WORDS) for _ in range(length)]
     pieces = [(" " if i else "") + (w.capitalize() if i == 0 else w) for i, w in enumerate(words)]
