@@ -15,8 +15,11 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# ENGINE=vllm: the promoted model is served by the real vLLM engine (builds it with `make engine` first).
+ENGINE ?= stand-in
 demo: $(BIN)/.installed
-	$(DEMO_PREFECT) $(BIN)/python -m sandbox demo
+	@if [ "$(ENGINE)" = vllm ]; then $(MAKE) --no-print-directory engine; fi
+	$(DEMO_PREFECT) SANDBOX_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(BIN)/python -m sandbox demo --engine $(ENGINE)
 
 ui: $(BIN)/.installed
 	$(DEMO_PREFECT) $(BIN)/prefect server start

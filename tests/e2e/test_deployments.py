@@ -92,7 +92,10 @@ def test_promote_model_runs_from_its_deployment_and_reports(server, sandbox, san
     assert f"| serving revision | {revision} (previous: -) |" in text
     assert f"| traffic now | {revision} 100 % |" in text
     assert f"| service URL | {service.uri} |" in text
-    verified = r"\| verification \| healthy after \d+\.\d s, serves sandbox/tiny-chat, reply '.+' \(\d+ tokens\) \|"
+    verified = (
+        r"\| verification \| healthy after \d+\.\d s, serves sandbox/tiny-chat, reply '.+' \(\d+ tokens\), "
+        r"from `vllm-0\.33\.0-[0-9a-f]{8}` \|"
+    )
     assert re.search(verified, text), text
     steps = re.findall(r"^\| ([a-z ]+) \| (\d+\.\d\d) \| (yes|FAILED) \|$", text, re.MULTILINE)
     assert [name for name, _, _ in steps] == ["preflight", "resolve", "check service", "infrastructure", "stage",

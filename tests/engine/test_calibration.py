@@ -32,6 +32,7 @@ import pytest
 from blocks.profile import CPU_MODE_ENV
 from sandbox.hub.tiny_llama import tiny_llama_blobs
 from sandbox.serving import free_port
+from tests.support.engine import die_with_parent
 
 pytestmark = pytest.mark.timeout(900)
 START_TIMEOUT_S = 300  # a real start is ~30 s idle; several times that on busy cores
@@ -80,7 +81,7 @@ class Server:
         self.port, self.log_path = port, log
         with log.open("wb") as out:
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=env["HOME"],
-                                            start_new_session=True)  # fmt: skip
+                                            start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
 
     @property
     def url(self) -> str:

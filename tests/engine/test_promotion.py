@@ -171,3 +171,15 @@ def test_tiny_llama_streams_from_cloud_storage_with_runai_on_the_real_engine(sb,
     while scratch_dirs() & live and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not scratch_dirs() & live
+
+
+def test_a_gpu_revision_is_served_by_the_stand_in_and_says_why(sb, flow_env):
+    """The engine here is vLLM's CPU build: an L4 revision keeps the stand-in (and its GPU checks), said in its log."""
+    spec = str(Path(SPEC).with_name("tiny-chat.yaml"))
+    report = promote_model(spec_file=spec, service="tiny-chat-l4", verify=VERIFY)
+    assert report.outcome == "promoted", report.reason
+    log = revision_log(sb, report.serving_revision)
+    assert "this revision asks for nvidia-l4; the real engine here is CPU-only: the stand-in serves it" in log
+    assert not engine_ports(sb, report.serving_revision)
+    assert report.verification.system_fingerprint.startswith("vllm-0.33.0-")  # the stand-in's version
+    teardown(service="tiny-chat-l4", target="sandbox")
