@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 # Before huggingface_hub is imported anywhere: no Xet, no telemetry, never the real Hub.
@@ -27,11 +28,10 @@ METADATA_PORT = point_google_auth_at()
 HARNESS_STARTUP_TIMEOUT_S = 300
 
 
-@pytest.fixture(scope="session")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxHandle]:
-    """A running sandbox (all stand-ins on loopback) shared by the session; faults are reset per test."""
-    state_dir: Path = tmp_path_factory.mktemp("sandbox")
-    handle = SandboxHandle.start(state_dir, "--metadata-port", str(METADATA_PORT))
+@contextlib.contextmanager
+def conforming_sandbox(state_dir: Path, *args: str) -> Iterator[SandboxHandle]:
+    """A sandbox process for a session; its responses must have kept to Google's discovery schemas throughout."""
+    handle = SandboxHandle.start(state_dir, "--metadata-port", str(METADATA_PORT), *args)
     violations: list[dict] = []
     try:
         yield handle
@@ -42,6 +42,13 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxHandle]
     assert not violations, "sandbox responses broke Google's discovery schemas:\n" + "\n".join(
         f"{v['http']} ({v['method']}): {'; '.join(v['problems'])}" for v in violations
     )
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxHandle]:
+    """A running sandbox (all stand-ins on loopback) shared by the session; faults are reset per test."""
+    with conforming_sandbox(tmp_path_factory.mktemp("sandbox")) as handle:
+        yield handle
 
 
 @pytest.fixture

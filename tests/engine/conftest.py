@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.handle import SandboxHandle
-from tests.conftest import METADATA_PORT
+from tests.conftest import conforming_sandbox
+from tests.e2e.conftest import flow_env  # noqa: F401  (the same blocks and HF_ENDPOINT, on this sandbox)
 
 ENGINE_VENV = os.environ.get("SANDBOX_ENGINE_VENV", "")
 collect_ignore_glob = [] if ENGINE_VENV else ["test_*.py"]
@@ -31,17 +32,5 @@ def engine_venv() -> Path:
 @pytest.fixture(scope="session")
 def sandbox(tmp_path_factory: pytest.TempPathFactory, engine_venv: Path) -> Iterator[SandboxHandle]:
     """The session sandbox with the real engine serving CPU revisions."""
-    state_dir = tmp_path_factory.mktemp("sandbox-engine")
-    handle = SandboxHandle.start(state_dir, "--metadata-port", str(METADATA_PORT), "--engine", "vllm")
-    violations: list[dict] = []
-    try:
+    with conforming_sandbox(tmp_path_factory.mktemp("sandbox-engine"), "--engine", "vllm") as handle:
         yield handle
-        violations = handle.conformance_violations()
-    finally:
-        handle.stop()
-    assert not violations, "sandbox responses broke Google's discovery schemas:\n" + "\n".join(
-        f"{v['http']} ({v['method']}): {'; '.join(v['problems'])}" for v in violations
-    )
-
-
-from tests.e2e.conftest import flow_env  # noqa: E402, F401  (the same blocks and HF_ENDPOINT, on this sandbox)
