@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "deployments" / "sandbox" / "tiny-llama.yaml"
-ENGINE_PROCESS = re.compile(r"^(VLLM::|\S+/bin/vllm serve |\S+python\S* -m sandbox\.vllm )")
+ENGINE_PROCESS = re.compile(r"^VLLM::|/bin/vllm serve |python\S* -m sandbox\.vllm ")
 
 
 def _engine_processes() -> dict[str, int]:
