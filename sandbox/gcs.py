@@ -8,20 +8,15 @@ here), so it sits well above the largest model the benchmarks stage.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from sandbox.serving import LOOPBACK, free_port
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from sandbox.serving import LOOPBACK, die_with_parent, free_port
 
 
 def fake_gcs_binary() -> Path:
@@ -34,13 +29,6 @@ def fake_gcs_binary() -> Path:
     binary = candidates[0]
     binary.chmod(binary.stat().st_mode | 0o111)
     return binary
-
-
-def _die_with_parent() -> None:
-    """In the emulator's process before exec: on Linux, SIGTERM it when the sandbox dies, however it dies (a
-    sandbox killed by its launcher would otherwise leave the emulator, and its RAM, behind)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -86,7 +74,8 @@ def start_fake_gcs(state_dir: Path, memory_limit: str = "8GiB", timeout_s: float
         stdout=log,
         stderr=log,
         env={**os.environ, "GOMEMLIMIT": memory_limit},
-        preexec_fn=_die_with_parent,
+        # A sandbox killed by its launcher would otherwise leave the emulator, and its RAM, behind.
+        preexec_fn=die_with_parent,
     )
     log.close()
     deadline = time.monotonic() + timeout_s

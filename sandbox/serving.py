@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import signal
 import socket
+import sys
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -27,6 +30,17 @@ def bind_loopback(port: int = 0) -> socket.socket:
     sock.listen(512)
     sock.setblocking(False)
     return sock
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Run in a child before it execs (``preexec_fn``, or in the child itself): on Linux the kernel sends it SIGTERM
+    when the process (thread) that started it dies, however that one dies, so no emulator or engine outlives the
+    sandbox or test that started it (prctl PR_SET_PDEATHSIG, kept across execve)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:

@@ -112,6 +112,8 @@ def human_readable_int(value: str) -> int:
 # shows when it refuses a command line (tests/engine/test_calibration.py compares them with the engine's).
 VLLM_SUBCOMMANDS = ("chat", "complete", "serve", "launch", "bench", "collect-env", "download-kernels", "preload",
                     "run-batch", "snapshot")  # fmt: skip
+# The module the legacy OpenAI server runs as (``python -m vllm.entrypoints.openai.api_server``).
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TOP_USAGE = f"usage: vllm [-h] [-v]\n            {{{','.join(VLLM_SUBCOMMANDS)}}}\n            ...\n"
 
 

@@ -9,6 +9,7 @@ they do on Cloud Run (warnings repeat, the port never opens) until the startup p
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -282,12 +283,11 @@ class EngineState:
         with self._lock:
             return self.running + self.waiting
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """``system_fingerprint``: vLLM's "full" mode, ``vllm-<version>-<8 hex of the config hash>``
         (vllm/entrypoints/serve/utils/fingerprint.py); a different config gives a different one."""
-        args = self.config.args
-        facts = (args.model, self.config.served_names, self.config.max_model_len, self.config.max_num_seqs)
+        facts = (self.config.args.model, self.config.served_names, self.config.max_model_len, self.config.max_num_seqs)
         return f"vllm-{VLLM_VERSION}-{hashlib.sha256(repr(facts).encode()).hexdigest()[:8]}"
 
     def die(self) -> None:
@@ -296,7 +296,7 @@ class EngineState:
             self._dead = True
         self._log.error("core_client.py:817", "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
 
-    def finish(self, prompt_tokens: int, completion_tokens: int, reasons: Sequence[str] = ("length",)) -> None:
+    def finish(self, prompt_tokens: int, completion_tokens: int, reasons: Sequence[str]) -> None:
         """Record a finished request (``reasons``: each choice's finish_reason, counted as vLLM's
         request_success_total{finished_reason} counts them); the engine-death fault fires after the count."""
         with self._lock:

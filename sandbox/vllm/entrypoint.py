@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from sandbox.vllm.cli import TOP_USAGE, VLLM_SUBCOMMANDS, ServeArgs, parse_serve_args
+from sandbox.vllm.cli import API_SERVER_MODULE, TOP_USAGE, VLLM_SUBCOMMANDS, ServeArgs, parse_serve_args
 from sandbox.vllm.engine import EngineState, boot
 from sandbox.vllm.errors import CommandFailed, VllmStartupError
 from sandbox.vllm.image_script import exec_script, is_script
@@ -26,7 +26,6 @@ from sandbox.vllm.real_engine import exec_engine
 from sandbox.vllm.server import LOOPBACK_HOSTS, ApiServer, reserve_port
 from sandbox.vllm.timing import API_SERVER_START_S, SimClock
 
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PARENT_POLL_S = 0.5
 
 

@@ -24,27 +24,24 @@ given to it, each in the way that keeps what vLLM sees unchanged:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import posixpath
 import shlex
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.vllm.cli import ServeArgs, parse_serve_args
+from sandbox.vllm.cli import API_SERVER_MODULE, ServeArgs, parse_serve_args
 from sandbox.vllm.errors import CommandFailed, VllmStartupError
 from sandbox.vllm.instance import Faults, InstanceEnv, Mount
 from sandbox.vllm.logs import VllmLog
 from sandbox.vllm.server import LOOPBACK_HOSTS
+from sandbox.vllm.storage import emulator_client
 
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MOUNT_CACHE = ".sandbox-mounts"  # under the container root, beside the stand-in's .sandbox-bin
-PR_SET_PDEATHSIG = 1
 # Faults the stand-in's engine models; the real engine runs as it is, so they cannot apply to it.
 ENGINE_FAULTS = tuple(name for name in Faults.__dataclass_fields__ if name != "host_stall_s")
 
@@ -55,7 +52,6 @@ class EngineMount:
 
     mount_path: str
     source: Path
-    objects: int
     described: str
 
 
@@ -64,7 +60,7 @@ def listen_address(args: ServeArgs | None, env: InstanceEnv) -> tuple[int, bool]
     published = env.host_port(args.port) if args is not None else None
     if args is not None and published is not None and args.host not in LOOPBACK_HOSTS:
         return published, True
-    from sandbox.serving import free_port
+    from sandbox.serving import free_port  # uvicorn's imports: only the engine mode pays them
 
     return free_port(), False
 
@@ -79,9 +75,6 @@ def engine_command(venv: Path, forwarded: Sequence[str], legacy: bool, port: int
 
 def materialize(mount: Mount, model: str, env: InstanceEnv) -> EngineMount:
     """Copy the volume's objects (those under the model's folder when the model is on it) to the container root."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
     if not env.storage_emulator:
         raise CommandFailed("[sandbox] STORAGE_EMULATOR_HOST is not set: cannot mount the Cloud Storage volume", 1)
     model_prefix = mount.object_prefix(posixpath.normpath(posixpath.join("/", model)))
@@ -90,11 +83,7 @@ def materialize(mount: Mount, model: str, env: InstanceEnv) -> EngineMount:
     source = env.root / MOUNT_CACHE / mount.mount_path.strip("/").replace("/", "__")
     shutil.rmtree(source, ignore_errors=True)
     source.mkdir(parents=True)
-    client = storage.Client(
-        project="sandbox-project",
-        credentials=AnonymousCredentials(),
-        client_options={"api_endpoint": env.storage_emulator},
-    )
+    client = emulator_client(env.storage_emulator)
     count = 0
     for blob in client.list_blobs(mount.bucket, prefix=f"{prefix}/" if prefix else None):
         relative = blob.name[len(base) + 1 :] if base else blob.name
@@ -105,7 +94,7 @@ def materialize(mount: Mount, model: str, env: InstanceEnv) -> EngineMount:
         blob.download_to_filename(str(target), checksum=None)
         count += 1
     where = f"gs://{mount.bucket}/{prefix}" if prefix else f"gs://{mount.bucket}"
-    return EngineMount(mount.mount_path, source, count, f"{count} objects of {where}")
+    return EngineMount(mount.mount_path, source, f"{count} objects of {where}")
 
 
 def mount_script(mounts: Sequence[EngineMount]) -> str:
@@ -139,12 +128,6 @@ def in_mount_namespace(script: str, command: Sequence[str]) -> list[str]:
     unshare = shutil.which("unshare") or "/usr/bin/unshare"
     user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
     return [unshare, *user, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", *command]
-
-
-def _die_with_launcher() -> None:
-    # The engine replaces this process; if the sandbox dies, the kernel stops it (kept across execve).
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def read_args(forwarded: Sequence[str], legacy: bool, env: InstanceEnv) -> ServeArgs | None:
@@ -182,5 +165,7 @@ def exec_engine(forwarded: Sequence[str], legacy: bool, env: InstanceEnv, log: V
     child_env = dict(os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
-    _die_with_launcher()
+    from sandbox.serving import die_with_parent
+
+    die_with_parent()  # the engine replaces this process: it must still stop if the sandbox dies
     os.execve(command[0], command, child_env)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from sandbox.vllm.errors import VllmStartupError
 
 if TYPE_CHECKING:
+    from google.cloud import storage
     from google.cloud.storage import Bucket
 
 # One ranged read usually covers the header: real shards have headers of a few KiB to a few MiB.
@@ -39,6 +40,17 @@ class ModelDir(Protocol):
     def read_head(self, name: str, size: int, length: int) -> bytes:
         """The first ``length`` bytes (fewer if the file, ``size`` bytes long, is shorter)."""
         ...
+
+
+def emulator_client(emulator_url: str) -> storage.Client:
+    """A Cloud Storage client on the GCS emulator, as the platform's storage access looks from a container."""
+    # google-cloud-storage costs half a second of imports: only instances that read GCS pay it.
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    return storage.Client(
+        project="sandbox-project", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator_url}
+    )
 
 
 class LocalDir:
@@ -82,22 +94,13 @@ class GcsDir:
         self._any_object = False
 
     def _client_bucket(self) -> Bucket:
-        # google-cloud-storage costs half a second of imports: only instances that read GCS pay it.
         if self._bucket is None:
             if not self._emulator_url:
                 raise VllmStartupError(
                     "RuntimeError",
                     f"[sandbox] STORAGE_EMULATOR_HOST is not set: cannot read gs://{self.bucket_name}",
                 )
-            from google.auth.credentials import AnonymousCredentials
-            from google.cloud import storage
-
-            client = storage.Client(
-                project="sandbox-project",
-                credentials=AnonymousCredentials(),
-                client_options={"api_endpoint": self._emulator_url},
-            )
-            self._bucket = client.bucket(self.bucket_name)
+            self._bucket = emulator_client(self._emulator_url).bucket(self.bucket_name)
         return self._bucket
 
     def _list(self) -> dict[str, int]:

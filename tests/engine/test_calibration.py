@@ -31,8 +31,7 @@ import pytest
 
 from blocks.profile import CPU_MODE_ENV
 from sandbox.hub.tiny_llama import tiny_llama_blobs
-from sandbox.serving import free_port
-from tests.support.engine import die_with_parent
+from sandbox.serving import die_with_parent, free_port
 
 pytestmark = pytest.mark.timeout(900)
 START_TIMEOUT_S = 300  # a real start is ~30 s idle; several times that on busy cores

@@ -57,11 +57,3 @@ def loaded_extensions(pid: int) -> set[str]:
         if EXTENSION.search(path):
             mapped.add(path)
     return mapped
-
-
-def die_with_parent() -> None:
-    """A ``preexec_fn``: the child gets SIGTERM when the test process dies, so no engine outlives a killed run."""
-    import ctypes
-    import signal
-
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG

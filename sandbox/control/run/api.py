@@ -721,10 +721,11 @@ class CloudRun:
     async def admin_idle(self, _: Request) -> JSONResponse:
         """Cloud Run's idle shutdown, now: stop the instances that no minimum keeps warm.
 
-        Cloud Run keeps an idle instance a while after its last request (up to about 15 minutes; Cloud Run docs,
-        "About instance autoscaling") and then shuts it down unless min instances (the service's or the
-        revision's) keep it; the next request cold-starts one. The sandbox does not wait those minutes: a test
-        asks for the moment here. Returns the revisions whose instance was stopped.
+        Cloud Run docs, "About container instance autoscaling": "When a revision does not receive any traffic, by
+        default it is scaled in to zero container instances", unless min instances (the service's or the
+        revision's) keep some warm; an idle instance may be kept a while first (its "Idle instances" section), and
+        the next request cold-starts one. The sandbox does not wait for that moment: a test asks for it here.
+        Returns the revisions whose instance was stopped.
         """
         stopped = []
         for record in self.services.values():

@@ -282,12 +282,14 @@ class Instance:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(process.wait(), timeout=5)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+        # The container stops as a whole: what its main process started (the real engine's EngineCore child, which
+        # may hold the listening socket it inherited) goes with it. Only right after the stop, while the group id
+        # cannot have been given to another process.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
     def log_tail(self, lines: int = 40) -> str:
         try:
