@@ -26,14 +26,31 @@ Point the product at it with the target in {info["state_dir"]}/sandbox.json, e.g
   export GCE_METADATA_HOST={metadata} GCE_METADATA_IP={metadata}  # ID tokens for the private services
   python -c "import json; print(json.load(open('{info["state_dir"]}/sandbox.json'))['target'])"
 Inject faults with POST {info["control_url"]}/_sandbox/faults  (see sandbox/faults.py).
-Ctrl-C stops it.
+{_tls_usage(info)}Ctrl-C stops it.
 """
 
 
-async def _serve(state_dir: Path, config: SandboxConfig, quiet: bool) -> None:
+# --- TLS face (sandbox/tls.py, sandbox/netns.py) ------------------------------------------------------------------
+def _tls_usage(info: dict) -> str:
+    """The usage lines for the TLS face, or nothing when it is off."""
+    tls = info.get("tls")
+    if not tls:
+        return ""
+    ca = tls["ca_file"]
+    return f"""TLS face (https://run.googleapis.com and {len(tls["names"]) - 1} more Google API hosts): {tls["url"]}
+  Its names resolve to it only inside the same private namespace: start this sandbox and its clients under
+  python -m sandbox.netns -- CMD. Clients trust its throwaway CA when told:
+  export HTTPLIB2_CA_CERTS={ca} SSL_CERT_FILE={ca} REQUESTS_CA_BUNDLE={ca}
+"""
+
+
+# --- end TLS face ------------------------------------------------------------------------------------------------
+
+
+async def _serve(state_dir: Path, config: SandboxConfig, quiet: bool, tls_port: int | None = None) -> None:
     from sandbox.runtime import SandboxRuntime
 
-    runtime = SandboxRuntime(state_dir, config)
+    runtime = SandboxRuntime(state_dir, config, tls_port=tls_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -60,6 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine_help = "what serves CPU revisions: the stand-in, or the real vLLM engine (`make engine` first)"
     up.add_argument("--engine", choices=("stand-in", "vllm"), default=None, help=engine_help)
+    # --- TLS face (sandbox/tls.py): for clients that hard-code Google's host names; pair with sandbox.netns ---
+    up.add_argument(
+        "--tls-names",
+        action="store_true",
+        help="also serve the APIs over HTTPS as run.googleapis.com etc. (throwaway CA in STATE_DIR/tls); the names "
+        "resolve to it only inside `python -m sandbox.netns -- CMD`",
+    )
+    up.add_argument("--tls-port", type=int, default=None, help="port of the TLS face (default 443; 0: any free)")
     demo = sub.add_parser("demo", help="start a sandbox and walk through a model going live on it")
     demo.add_argument("--state-dir", type=Path, default=Path(".sandbox/demo"))
     demo.add_argument("--engine", choices=("stand-in", "vllm"), default="stand-in", help=engine_help)
@@ -75,7 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             settings["metadata_port"] = args.metadata_port
         if args.engine is not None:
             settings["engine"] = args.engine
-        asyncio.run(_serve(args.state_dir.resolve(), SandboxConfig.model_validate(settings), args.quiet))
+        if args.tls_port is not None and not args.tls_names:
+            parser.error("--tls-port needs --tls-names")
+        tls_port = None  # TLS face (sandbox/tls.py): off unless --tls-names
+        if args.tls_names:
+            from sandbox.tls import DEFAULT_TLS_PORT
+
+            tls_port = DEFAULT_TLS_PORT if args.tls_port is None else args.tls_port
+        asyncio.run(_serve(args.state_dir.resolve(), SandboxConfig.model_validate(settings), args.quiet, tls_port))
         return 0
     if args.command == "blocks":
         from sandbox.blocks import save_sandbox_blocks

@@ -11,6 +11,7 @@ same that verifies real Google tokens.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -58,6 +59,8 @@ class TokenIssuer:
             .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
             .decode()
         )
+        self.access_tokens = AccessTokens()
+        self.service_account_keys = ServiceAccountKeys()
 
     def mint(self, email: str, audience: str, full: bool = True, now: float | None = None) -> str:
         """An ID token for ``email`` with ``aud`` = ``audience``."""
@@ -84,3 +87,75 @@ class TokenIssuer:
         if payload.get("iss") not in (ISSUER, "accounts.google.com") or not payload.get("email"):
             return None
         return Claims(audience=str(payload.get("aud", "")), email=str(payload["email"]))
+
+
+class AccessTokens:
+    """OAuth access tokens the sandbox handed out, and whom each speaks for.
+
+    Google's APIs act as the principal a bearer token was issued to. The sandbox's clients mostly send no token (the
+    anonymous target) or one from the metadata server of the host the pipeline runs on: both act as the configured
+    caller (``SandboxConfig.caller``, which tests change as they go). A token issued for a named account (by the
+    token endpoint for a service-account key, or by a Cloud Run job's metadata server) acts as that account, so a
+    job running as an account without a role is refused as it would be on Google Cloud.
+    """
+
+    def __init__(self) -> None:
+        self._principals: dict[str, str | None] = {}
+
+    def mint(self, principal: str | None = None) -> str:
+        """A new opaque token for ``principal`` (None: whoever the configured caller is when it is used)."""
+        token = f"ya29.sandbox-{secrets.token_urlsafe(24)}"
+        self._principals[token] = principal
+        return token
+
+    def principal(self, token: str) -> str | None:
+        """The principal ``token`` was issued to; None for the configured caller's tokens and unknown ones."""
+        return self._principals.get(token)
+
+
+@dataclass(frozen=True)
+class ServiceAccountKey:
+    """A user-managed key of a service account: its id, the account, and the public half that checks assertions."""
+
+    key_id: str
+    email: str
+    public_pem: str
+
+
+class ServiceAccountKeys:
+    """Keys made by IAM's ``serviceAccounts.keys.create``, for the token endpoint's JWT-bearer grant."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, ServiceAccountKey] = {}
+
+    def create(self, email: str) -> tuple[ServiceAccountKey, str]:
+        """A new RSA 2048 key for ``email``: the record kept here, and the private key PEM (given out once)."""
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        private_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
+        public_pem = (
+            key.public_key()
+            .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+            .decode()
+        )
+        record = ServiceAccountKey(secrets.token_hex(20), email, public_pem)
+        self.keys[record.key_id] = record
+        return record, private_pem
+
+    def verify_assertion(self, assertion: str) -> str:
+        """The account email a signed JWT assertion speaks for; ValueError with the OAuth error text otherwise."""
+        try:
+            header = jwt.decode_header(assertion)
+        except (ValueError, exceptions.GoogleAuthError):
+            raise ValueError("Invalid JWT: Token must be a short-lived token and in a reasonable timeframe") from None
+        key = self.keys.get(str(header.get("kid", "")))
+        if key is None:
+            raise ValueError("Invalid JWT Signature.")
+        try:
+            payload = jwt.decode(assertion, certs={key.key_id: key.public_pem}, verify=True)
+        except (exceptions.GoogleAuthError, ValueError):
+            raise ValueError("Invalid JWT Signature.") from None
+        if payload.get("iss") != key.email:
+            raise ValueError("Invalid JWT: the issuer is not the key's service account.")
+        return key.email

@@ -25,7 +25,6 @@ API path, so it lives on its own port, outside the control plane and its discove
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 
 from starlette.applications import Starlette
@@ -66,11 +65,13 @@ def _text(body: str, status: int = 200) -> Response:
     return PlainTextResponse(body, status_code=status, headers=FLAVOR, media_type="application/text")
 
 
-def build_metadata_app(config: SandboxConfig, issuer: TokenIssuer) -> Starlette:
-    """The metadata server for the sandbox's caller; ``config`` is read per request (tests change the caller)."""
+def build_metadata_app(config: SandboxConfig, issuer: TokenIssuer, account: str | None = None) -> Starlette:
+    """The metadata server for the sandbox's caller (``config`` is read per request: tests change the caller), or,
+    with ``account``, for that service account: a Cloud Run job's tasks get one that answers as the job's identity,
+    and its access tokens act as that account (sandbox.identity.AccessTokens)."""
 
     def email() -> str:
-        return config.caller.split(":", 1)[1]
+        return account or config.caller.split(":", 1)[1]
 
     def known(request: Request) -> bool:
         return request.path_params["account"] in ("default", email())
@@ -104,9 +105,9 @@ def build_metadata_app(config: SandboxConfig, issuer: TokenIssuer) -> Starlette:
     async def access_token(request: Request) -> Response:
         if not known(request):
             return missing(request)
-        # Opaque: the sandbox's APIs act as the configured caller, whatever the bearer says.
+        # Opaque: the host's token acts as the configured caller, a job's as its account (sandbox.authz.caller).
         token = {
-            "access_token": f"ya29.sandbox-{secrets.token_urlsafe(24)}",
+            "access_token": issuer.access_tokens.mint(f"serviceAccount:{account}" if account else None),
             "expires_in": 3599,
             "token_type": "Bearer",
         }

@@ -16,6 +16,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute, Mount
 
+from sandbox import tls
 from sandbox.admin import admin_routes
 from sandbox.authz.middleware import AuthzMiddleware
 from sandbox.config import SANDBOX_HF_TOKEN, SandboxConfig
@@ -30,6 +31,7 @@ from sandbox.hub.app import build_cdn_app, build_hub_app, hub_admin_routes
 from sandbox.hub.state import HubState, seed_default_repos
 from sandbox.identity import TokenIssuer
 from sandbox.metadata import RequireFlavor, build_metadata_app
+from sandbox.oauth2 import token_routes
 from sandbox.serving import ServedApp, serve_app
 
 INFO_FILE = "sandbox.json"
@@ -38,7 +40,7 @@ INFO_FILE = "sandbox.json"
 class SandboxRuntime:
     """Starts, describes and stops all stand-ins of one sandbox."""
 
-    def __init__(self, state_dir: Path, config: SandboxConfig | None = None) -> None:
+    def __init__(self, state_dir: Path, config: SandboxConfig | None = None, *, tls_port: int | None = None) -> None:
         self.state_dir = state_dir
         self.config = config or SandboxConfig()
         self.faults = FaultRegistry()
@@ -49,6 +51,9 @@ class SandboxRuntime:
         self.gcs_front: GcsFront | None = None
         self.apis: list[ApiModule] = []
         self.servers: dict[str, ServedApp] = {}
+        # The TLS face (sandbox/tls.py): Google's host names over HTTPS on tls_port; None leaves it off.
+        self.tls_port = tls_port
+        self.tls_material: tls.TlsMaterial | None = None
 
     async def start(self) -> dict:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +104,22 @@ class SandboxRuntime:
             FaultMiddleware(checked, "control", self.faults, record_bodies=True), "control"
         )
         self.ctx.control_url = self.servers["control"].url
+        # The TLS face (sandbox/tls.py), for clients that hard-code https://run.googleapis.com and friends
+        # (prefect-gcp's Cloud Run worker): the very app objects served above, again on one HTTPS port, chosen by
+        # Host; a new throwaway CA per start.
+        if self.tls_port is not None:
+            self.tls_material = tls.make_tls_material(self.state_dir / "tls", tls.TLS_NAMES)
+            router = tls.HostRouter(self.servers["control"].app, {tls.STORAGE_NAME: self.servers["gcs"].app})
+            self.servers["tls"] = await serve_app(
+                router,
+                "tls",
+                self.tls_port,
+                ssl_certfile=str(self.tls_material.cert_file),
+                ssl_keyfile=str(self.tls_material.key_file),
+            )
+            # Keys now name Google's token endpoint, and jobs' containers trust the CA (their image's trust store).
+            self.ctx.token_uri = f"https://{tls.OAUTH2_NAME}/token"
+            self.ctx.tls_ca_file = str(self.tls_material.ca_file)
         info = self.info()
         path = self.state_dir / INFO_FILE
         tmp = path.with_suffix(".tmp")
@@ -112,13 +133,17 @@ class SandboxRuntime:
             *(Mount(f"/{api.name}", routes=api.admin_routes()) for api in self.apis),
             *admin_routes(self),
         ]
-        return [Mount("/_sandbox", routes=admin), *(route for api in self.apis for route in api.routes())]
+        return [
+            Mount("/_sandbox", routes=admin),
+            *token_routes(self.identity),  # Google's OAuth token endpoint, for service-account keys (sandbox/oauth2.py)
+            *(route for api in self.apis for route in api.routes()),
+        ]
 
     def info(self) -> dict:
         """What a client needs: URLs, a ready-to-use GcpTarget and ModelSource settings."""
         control = self.servers["control"].url
         assert self.gcs is not None
-        return {
+        info = {
             "pid": os.getpid(),
             "state_dir": str(self.state_dir),
             "control_url": control,
@@ -157,6 +182,16 @@ class SandboxRuntime:
                 "repos": sorted(self.hub.repos),
             },
         }
+        # --- TLS face (sandbox/tls.py): where it listens and what a client must trust -----------------------------
+        if self.tls_material is not None:
+            info["tls"] = {
+                "port": int(self.servers["tls"].url.rsplit(":", 1)[1]),
+                "url": self.servers["tls"].url,
+                "ca_file": str(self.tls_material.ca_file),
+                "names": list(tls.TLS_NAMES),
+                "hosts": tls.hosts_file_text(tls.TLS_NAMES),
+            }
+        return info
 
     async def stop(self) -> None:
         for api in self.apis:

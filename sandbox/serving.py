@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 
@@ -66,6 +67,8 @@ class ServedApp:
     url: str
     server: uvicorn.Server
     task: asyncio.Task = field(repr=False)
+    # The ASGI app as given to serve_app, so the same object can be served again elsewhere (the TLS face).
+    app: Any = field(default=None, repr=False)
 
     async def stop(self) -> None:
         self.server.should_exit = True
@@ -75,8 +78,18 @@ class ServedApp:
             self.task.cancel()
 
 
-async def serve_app(app, name: str, port: int = 0) -> ServedApp:
-    """Start serving ``app`` on 127.0.0.1 and return once it accepts connections."""
+async def serve_app(
+    app,
+    name: str,
+    port: int = 0,
+    *,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+) -> ServedApp:
+    """Start serving ``app`` on 127.0.0.1 and return once it accepts connections.
+
+    With ``ssl_certfile`` and ``ssl_keyfile`` (PEM) it speaks HTTPS and its URL is ``https://``.
+    """
     sock = bind_loopback(port)
     config = uvicorn.Config(
         app,
@@ -86,6 +99,9 @@ async def serve_app(app, name: str, port: int = 0) -> ServedApp:
         timeout_keep_alive=30,
         # The Hub and Cloud Run front ends see bursts of parallel downloads and probes.
         backlog=512,
+        # uvicorn wraps pre-bound sockets too: Server.startup passes config.ssl to loop.create_server(sock=...).
+        ssl_certfile=ssl_certfile,
+        ssl_keyfile=ssl_keyfile,
     )
     server = _SignalFreeServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name=f"serve-{name}")
@@ -94,4 +110,5 @@ async def serve_app(app, name: str, port: int = 0) -> ServedApp:
             task.result()
         await asyncio.sleep(0.005)
     host, bound_port = sock.getsockname()
-    return ServedApp(name=name, url=f"http://{host}:{bound_port}", server=server, task=task)
+    scheme = "https" if config.is_ssl else "http"
+    return ServedApp(name=name, url=f"{scheme}://{host}:{bound_port}", server=server, task=task, app=app)

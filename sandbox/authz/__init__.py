@@ -11,7 +11,8 @@ Interface shared by the control plane (owned by the authz work; other modules on
   (https://cloud.google.com/iam/docs/resource-hierarchy-access-control: "the effective policy for a resource is
   the union of the policy set on that resource and the policy inherited from its ancestors").
 - ``held_permissions(ctx, principal, permissions, resource)``: the subset held, for ``testIamPermissions``.
-- ``caller(ctx)``: the principal the sandbox's clients act as (``SandboxConfig.caller``).
+- ``caller(ctx, scope)``: the principal a request acts as: the account its bearer token was issued to (a key's
+  token, a Cloud Run job's metadata server), else the configured caller (``SandboxConfig.caller``).
 
 The project policy lives in the Resource Manager stand-in (``sandbox/control/resourcemanager``); resource
 policies stay where each API keeps them (Cloud Run services, secrets, repositories, service accounts, buckets in
@@ -32,9 +33,31 @@ PUBLIC = {"allUsers", "allAuthenticatedUsers"}
 CONVENIENCE = {"projectOwner": "roles/owner", "projectEditor": "roles/editor", "projectViewer": "roles/viewer"}
 
 
-def caller(ctx: ControlContext) -> str:
-    """The principal every call to the sandbox is made as."""
+def caller(ctx: ControlContext, scope: dict | None = None) -> str:
+    """The principal the request in ``scope`` is made as: its bearer token's account when the sandbox issued that
+    token for one (sandbox.identity.AccessTokens), else the configured caller."""
+    tokens = getattr(ctx.identity, "access_tokens", None)
+    if scope is not None and tokens is not None:
+        for key, value in scope.get("headers", []):
+            if key.lower() == b"authorization":
+                kind, _, token = value.decode("latin-1").partition(" ")
+                if kind.lower() == "bearer":
+                    principal = tokens.principal(token.strip()) or _self_signed(ctx, token.strip())
+                    if principal:
+                        return principal
     return ctx.config.caller
+
+
+def _self_signed(ctx: ControlContext, token: str) -> str | None:
+    """The account of a self-signed JWT bearer token (google-auth's service-account credentials send one instead of
+    calling the token endpoint when a client asks for JWT access, as the google-cloud-* GAPIC clients do)."""
+    keys = getattr(ctx.identity, "service_account_keys", None)
+    if keys is None or token.count(".") != 2:
+        return None
+    try:
+        return f"serviceAccount:{keys.verify_assertion(token)}"
+    except ValueError:
+        return None
 
 
 def is_own_project(ctx: ControlContext, project: str) -> bool:

@@ -61,17 +61,21 @@ OVERRIDES: dict[str, str | None] = {
     "serviceusage.services.consumerQuotaMetrics.list": "serviceusage.quotas.get",
     "serviceusage.services.batchEnable": "serviceusage.services.enable",
     "iam.projects.serviceAccounts.patch": "iam.serviceAccounts.update",
+    # https://cloud.google.com/iam/docs/keys-create-delete: "iam.serviceAccountKeys.create".
+    "iam.projects.serviceAccounts.keys.create": "iam.serviceAccountKeys.create",
 }
 VERBS = {"patch": "update", "insert": "create", "wait": "get", "aggregatedList": "list"}
 SERVICES = {"cloudresourcemanager": "resourcemanager"}
 # Discovery collection names that differ from the permission's resource type.
 COLLECTIONS = {"dockerImages": "dockerimages"}
 # The child-id query parameter of create methods, so the message names the resource being created.
-CREATE_IDS = {"services": "serviceId", "secrets": "secretId", "repositories": "repositoryId"}
+CREATE_IDS = {"services": "serviceId", "jobs": "jobId", "secrets": "secretId", "repositories": "repositoryId"}
 # Methods whose permission check reads the request body (service account to act as, resource name, log scope).
 READS_BODY = {
     "run.projects.locations.services.create",
     "run.projects.locations.services.patch",
+    "run.projects.locations.jobs.create",
+    "run.projects.locations.jobs.patch",
     "cloudbuild.projects.builds.create",
     "cloudbuild.projects.locations.builds.create",
     "compute.networks.insert",
@@ -152,6 +156,12 @@ def extra_checks(match: MethodMatch, body: dict, project: str, project_number: s
             return []  # traffic or scaling only: no new revision, nothing runs as anyone new
         # No account named: the revision runs as the Compute Engine default account, and actAs is checked on it.
         email = template.get("serviceAccount") or f"{project_number}-compute@developer.gserviceaccount.com"
+        return [Check(ACT_AS, f"projects/{project}/serviceAccounts/{email}", subject=email)]
+    if match.id in ("run.projects.locations.jobs.create", "run.projects.locations.jobs.patch"):
+        # Cloud Run docs, "Service identity" for jobs: deploying a job that runs as an account needs actAs on it; no
+        # account named means the Compute Engine default account.
+        task = (body.get("template") or {}).get("template") or {}
+        email = task.get("serviceAccount") or f"{project_number}-compute@developer.gserviceaccount.com"
         return [Check(ACT_AS, f"projects/{project}/serviceAccounts/{email}", subject=email)]
     if match.id in ("cloudbuild.projects.builds.create", "cloudbuild.projects.locations.builds.create"):
         account = body.get("serviceAccount")

@@ -61,7 +61,7 @@ class AuthzMiddleware:
             return
         checks = [Check(permission, resource)] if permission else []
         checks += extra_checks(match, body, config.project, str(config.project_number))
-        principal = authz.caller(self.ctx)
+        principal = authz.caller(self.ctx, scope)
         for check in checks:
             if not authz.has_permission(self.ctx, principal, check.permission, check.resource):
                 answer = json.dumps(denial(match.method.api.split(".")[0], check, principal)).encode()

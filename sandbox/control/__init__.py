@@ -42,6 +42,8 @@ class ControlContext:
     hub_url: str = ""  # the Hub stand-in: "the internet" for containers whose egress reaches it
     gcs_front: object | None = None  # sandbox.gcs_front.GcsFront: bucket IAM policies for sandbox.authz
     identity: object | None = None  # sandbox.identity.TokenIssuer: the key ID tokens are signed and checked with
+    token_uri: str = ""  # where service-account keys send their assertions ("" = the control plane's /token)
+    tls_ca_file: str = ""  # the TLS face's CA (sandbox/tls.py), which containers trust; "" when it is off
     modules: dict[str, ApiModule] = field(default_factory=dict)
 
     def module(self, name: str):

@@ -75,10 +75,10 @@ def test_an_unknown_path_or_verb_gets_the_front_ends_plain_404(sandbox_target, s
 
 
 def test_a_published_method_the_sandbox_lacks_says_so(sandbox_target):
-    jobs = httpx.get(f"{sandbox_target.endpoints.run}/v2/{sandbox_target.location_path}/jobs")
-    assert jobs.status_code == 501
-    assert jobs.json()["error"]["status"] == "UNIMPLEMENTED"
-    assert "run.projects.locations.jobs.list" in jobs.json()["error"]["message"]
+    pools = httpx.get(f"{sandbox_target.endpoints.run}/v2/{sandbox_target.location_path}/workerPools")
+    assert pools.status_code == 501
+    assert pools.json()["error"]["status"] == "UNIMPLEMENTED"
+    assert "run.projects.locations.workerPools.list" in pools.json()["error"]["message"]
 
 
 def test_the_real_client_surfaces_the_refusal_as_bad_request(sandbox_target):

@@ -390,7 +390,7 @@ class ArtifactRegistry:
         record = self._record(request, "artifactregistry.repositories.get")
         # What the caller holds on this repository, through the project's policy and the repository's own.
         asked = list((await self._json_body(request)).get("permissions") or [])
-        held = authz.held_permissions(self.ctx, authz.caller(self.ctx), asked, record.repository.name)
+        held = authz.held_permissions(self.ctx, authz.caller(self.ctx, request.scope), asked, record.repository.name)
         return JSONResponse({"permissions": held} if held else {})
 
     # Docker images and tags -------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ E2_HIGHCPU_32). A Dockerfile that never mentions it has no compile phase. Output
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import posixpath
@@ -584,6 +585,7 @@ class _StageWalk:
         images = {normalize_reference(tag): digest for tag in self.request.command.tags}
         self.lines += self.out.success(digest, list(self.request.command.tags), unused)
         config = self._config(env_by_stage.get(self.target.index, {}), *run_by_stage[self.target.index])
+        config = dataclasses.replace(config, workdir=workdir_by_stage.get(self.target.index, "/"))
         return StepOutcome("SUCCESS", 0, self.lines, self.sim.seconds, images, jobs=jobs_used, config=config)
 
     def _config(

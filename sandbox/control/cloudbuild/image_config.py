@@ -36,6 +36,7 @@ class ImageConfig:
     cmd: tuple[str, ...] | None = None  # None: the base image's own (or reset, when ENTRYPOINT is set)
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # container path -> text, for a script entrypoint
+    workdir: str = "/"  # the final stage's WORKDIR, where the container's process starts (docker's default "/")
 
 
 def command_words(inst: Instruction) -> tuple[str, ...]:

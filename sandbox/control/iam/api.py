@@ -13,6 +13,8 @@ anything as that account has something to find.
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import json
 import re
 import secrets
 import time
@@ -157,6 +159,7 @@ class Iam:
             Route(f"{base}/{{account}}", self.patch_account, methods=["PATCH"]),
             Route(f"{base}/{{account}}", self.update_account, methods=["PUT"]),
             Route(f"{base}/{{account}}", self.delete_account, methods=["DELETE"]),
+            Route(f"{base}/{{account}}/keys", self.create_key, methods=["POST"]),
         ]
 
     def admin_routes(self) -> list[BaseRoute]:
@@ -286,10 +289,51 @@ class Iam:
         if verb == "testIamPermissions":
             # What the caller holds on this account, through the project's policy and the account's own.
             name = f"projects/{self.config.project}/serviceAccounts/{account.email}"
-            held = authz.held_permissions(self.ctx, authz.caller(self.ctx), list(body.get("permissions") or []), name)
+            caller = authz.caller(self.ctx, request.scope)
+            held = authz.held_permissions(self.ctx, caller, list(body.get("permissions") or []), name)
             return JSONResponse({"permissions": held} if held else {})
         account.disabled = verb == "disable"
         return JSONResponse({})
+
+    async def create_key(self, request: Request) -> JSONResponse:
+        """``serviceAccounts.keys.create``: a user-managed RSA key; ``privateKeyData`` is the key file, base64.
+
+        The key file is what `gcloud iam service-accounts keys create` writes (IAM docs, "Create and delete service
+        account keys": type, project_id, private_key_id, private_key, client_email, client_id, auth_uri, token_uri,
+        ...). Its ``token_uri`` is the token endpoint that accepts the key's assertions: Google's name when the
+        sandbox answers for it (its TLS face), else the control plane's own ``/token``.
+        """
+        account, _ = self._account(request, "iam.serviceAccountKeys.create")
+        body = await _json_body(request, allow_empty=True)
+        if body.get("privateKeyType", "TYPE_GOOGLE_CREDENTIALS_FILE") != "TYPE_GOOGLE_CREDENTIALS_FILE":
+            raise invalid_argument("The sandbox makes keys of type TYPE_GOOGLE_CREDENTIALS_FILE only.")
+        record, private_pem = self.ctx.identity.service_account_keys.create(account.email)
+        key_file = {
+            "type": "service_account",
+            "project_id": self.config.project,
+            "private_key_id": record.key_id,
+            "private_key": private_pem,
+            "client_email": account.email,
+            "client_id": account.unique_id,
+            "auth_uri": "https://accounts.google.com/o/oauth2/auth",
+            "token_uri": self.ctx.token_uri or f"{self.ctx.control_url}/token",
+            "auth_provider_x509_cert_url": "https://www.googleapis.com/oauth2/v1/certs",
+            "client_x509_cert_url": f"https://www.googleapis.com/robot/v1/metadata/x509/{account.email}",
+            "universe_domain": "googleapis.com",
+        }
+        created = dt.datetime.now(dt.UTC)
+        return JSONResponse(
+            {
+                "name": f"projects/{self.config.project}/serviceAccounts/{account.email}/keys/{record.key_id}",
+                "privateKeyType": "TYPE_GOOGLE_CREDENTIALS_FILE",
+                "privateKeyData": base64.b64encode(json.dumps(key_file, indent=2).encode()).decode(),
+                "validAfterTime": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "validBeforeTime": "9999-12-31T23:59:59Z",
+                "keyAlgorithm": "KEY_ALG_RSA_2048",
+                "keyOrigin": "GOOGLE_PROVIDED",
+                "keyType": "USER_MANAGED",
+            }
+        )
 
     # Admin ------------------------------------------------------------------------------------------------
     async def admin_state(self, _: Request) -> JSONResponse:

@@ -1,6 +1,10 @@
-"""Cloud Run container logs as Cloud Logging entries, read from the revision log files the Cloud Run stand-in writes.
+"""Cloud Run container logs as Cloud Logging entries, read from the log files the Cloud Run stand-in writes.
 
-Each revision's instances append stdout and stderr to ``{run state}/{service}/{revision}/container.log``.
+Each revision's instances append stdout and stderr to ``{run state}/{service}/{revision}/container.log``. A job's
+task attempts write ``{run state}/_jobs/{job}/{execution}/task{i}/attempt{n}.stdout`` and ``.stderr`` (sandbox/control/
+run/jobs.py): their entries have the ``cloud_run_job`` resource (job_name, location, project_id) and the labels Cloud
+Run puts on them (``run.googleapis.com/execution_name``, ``task_index``, ``task_attempt``; real entries quoted in
+public reports of Cloud Run jobs).
 Lines are read incrementally and keep what they were given the first time they were seen (timestamp,
 insertId, instance id), so repeated queries and page tokens see one stable, append-only log:
 
@@ -30,7 +34,9 @@ from google.protobuf import timestamp_pb2
 from sandbox.control.logging.filters import SEVERITIES
 
 RESOURCE_TYPE = "cloud_run_revision"
+JOB_RESOURCE_TYPE = "cloud_run_job"
 LOG_FILE = "container.log"
+JOB_LOG_FILES = re.compile(r"^task(\d+)/attempt(\d+)\.(stdout|stderr)$")
 STEP_NS = 1_000
 STDOUT_LINE = re.compile(
     r"^(?:\(\w+ pid=\d+\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[|INFO: {5})"
@@ -67,8 +73,13 @@ class RevisionLog:
     consumed: int = 0
     lines: list[LogLine] = field(default_factory=list)
     instance_id: str = ""
+    resource_type: str = RESOURCE_TYPE
+    stream: str = ""  # "stdout" or "stderr" when the file holds one stream (a job's); "" = told apart by shape
+    entry_labels: dict[str, str] = field(default_factory=dict)  # beside instanceId
 
     def labels(self, project: str) -> dict[str, str]:
+        if self.resource_type == JOB_RESOURCE_TYPE:
+            return {"job_name": self.service_id, "location": self.location, "project_id": project}
         return {
             "service_name": self.service_id,
             "revision_name": self.revision,
@@ -101,6 +112,24 @@ class LogStore:
             if log is None:
                 location = locations.get((service_id, revision), self.default_location)
                 log = self.logs[path] = RevisionLog(path, service_id, revision, location)
+            self._read(log, writers)
+        for path in sorted(self.run_state_dir.glob("_jobs/*/*/task*/attempt*.*")):
+            found = JOB_LOG_FILES.match(f"{path.parent.name}/{path.name}")
+            if found is None:
+                continue
+            log = self.logs.get(path)
+            if log is None:
+                job, execution = path.parts[-4], path.parts[-3]
+                location = locations.get((job, execution), self.default_location)
+                labels = {
+                    "run.googleapis.com/execution_name": execution,
+                    "run.googleapis.com/task_index": found.group(1),
+                    "run.googleapis.com/task_attempt": found.group(2),
+                }
+                log = self.logs[path] = RevisionLog(
+                    path, job, execution, location, resource_type=JOB_RESOURCE_TYPE, stream=found.group(3),
+                    entry_labels=labels,
+                )  # fmt: skip
             self._read(log, writers)
         return list(self.logs.values())
 
@@ -150,7 +179,7 @@ class LogStore:
                     ts_ns=end - (len(kept) - 1 - index) * STEP_NS,
                     received_ns=received,
                     text=text,
-                    stream="stdout" if STDOUT_LINE.match(text) else "stderr",
+                    stream=log.stream or ("stdout" if STDOUT_LINE.match(text) else "stderr"),
                     instance_id=log.instance_id,
                     insert_id=hashlib.sha1(f"{log.path}:{log.identity}:{at}".encode()).hexdigest()[:20],
                 )
@@ -177,10 +206,10 @@ def entry_json(log: RevisionLog, line: LogLine, project: str) -> dict:
     return {
         "textPayload": line.text,
         "insertId": line.insert_id,
-        "resource": {"type": RESOURCE_TYPE, "labels": log.labels(project)},
+        "resource": {"type": log.resource_type, "labels": log.labels(project)},
         "timestamp": rfc3339(line.ts_ns),
         "severity": line.severity,
-        "labels": {"instanceId": line.instance_id},
+        "labels": {"instanceId": line.instance_id, **log.entry_labels},
         "logName": log_name(project, line.stream),
         "receiveTimestamp": rfc3339(line.received_ns),
     }
@@ -193,9 +222,11 @@ def log_name(project: str, stream: str) -> str:
 def field_value(log: RevisionLog, line: LogLine, project: str, name: str) -> str | int:
     """The value a filter clause on ``name`` compares against."""
     if name == "resource.type":
-        return RESOURCE_TYPE
+        return log.resource_type
     if name.startswith("resource.labels."):
-        return log.labels(project)[name.removeprefix("resource.labels.")]
+        return log.labels(project).get(name.removeprefix("resource.labels."), "")
+    if name.startswith("labels."):
+        return {"instanceId": line.instance_id, **log.entry_labels}.get(name.removeprefix("labels."), "")
     if name == "logName":
         return log_name(project, line.stream)
     if name == "severity":

@@ -1,6 +1,7 @@
 """The part of the Logging query language that reading Cloud Run revision logs needs.
 
-Supported: comparisons on ``resource.type``, ``resource.labels.<label>`` and ``logName`` (``=`` only),
+Supported: comparisons on ``resource.type``, ``resource.labels.<label>``, ``labels."<key>"`` (an entry's own
+labels, such as a job's ``labels."run.googleapis.com/execution_name"``) and ``logName`` (``=`` only),
 ``severity`` and ``timestamp`` (``=``, ``>``, ``>=``, ``<``, ``<=``), joined by the keyword ``AND``
 (upper case, as the real grammar requires) or by whitespace and newlines (an implicit AND, as on GCP).
 Values may be quoted (``"..."`` with backslash escapes) or bare. Anything else (``OR``, ``NOT``, ``:``,
@@ -30,7 +31,8 @@ SEVERITIES = {
     "ALERT": 700,
     "EMERGENCY": 800,
 }
-RESOURCE_LABELS = ("service_name", "revision_name", "location", "configuration_name", "project_id")
+# cloud_run_revision's labels, and cloud_run_job's (job_name, location, project_id).
+RESOURCE_LABELS = ("service_name", "revision_name", "location", "configuration_name", "project_id", "job_name")
 ORDERED_OPS = {
     "=": lambda a, b: a == b,
     ">": lambda a, b: a > b,
@@ -40,11 +42,12 @@ ORDERED_OPS = {
 }
 
 _CLAUSE = re.compile(
-    r'(?P<field>[A-Za-z_][\w.]*)\s*(?P<op>>=|<=|!=|=~|!~|=|>|<|:)\s*(?P<value>"(?:[^"\\\n]|\\.)*"|[^\s"()]+)'
+    r'(?P<field>labels\."[^"\n]+"|labels\.[\w./-]+|[A-Za-z_][\w.]*)'
+    r'\s*(?P<op>>=|<=|!=|=~|!~|=|>|<|:)\s*(?P<value>"(?:[^"\\\n]|\\.)*"|[^\s"()]+)'
 )
 _AND = re.compile(r"AND(?=\s)")
 SUPPORTED = (
-    'resource.type="...", resource.labels.<label>="...", logName="...", severity>=LEVEL and '
+    'resource.type="...", resource.labels.<label>="...", labels."<key>"="...", logName="...", severity>=LEVEL and '
     'timestamp>="RFC 3339", joined with AND'
 )
 
@@ -106,6 +109,10 @@ def _clause(match: re.Match[str]) -> Clause:
     text, field, op = match.group(0), match.group("field"), match.group("op")
     value = _unquote(match.group("value"))
     is_label = field.startswith("resource.labels.") and field.removeprefix("resource.labels.") in RESOURCE_LABELS
+    if field.startswith("labels."):
+        if op != "=":
+            raise _unsupported(text, f"only '=' is supported on {field}")
+        return Clause(text, "labels." + _unquote(field.removeprefix("labels.")), op, value)
     if field in ("resource.type", "logName") or is_label:
         if op != "=":
             raise _unsupported(text, f"only '=' is supported on {field}")

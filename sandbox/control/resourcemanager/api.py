@@ -121,7 +121,7 @@ class ResourceManager:
             asked = body.get("permissions") or []
             if not isinstance(asked, list) or len(asked) > MAX_TEST_PERMISSIONS:
                 raise invalid_argument(f"permissions: at most {MAX_TEST_PERMISSIONS} permissions may be tested.")
-            held = authz.held_permissions(self.ctx, authz.caller(self.ctx), [str(p) for p in asked],
+            held = authz.held_permissions(self.ctx, authz.caller(self.ctx, request.scope), [str(p) for p in asked],
                                           f"projects/{self.config.project}")  # fmt: skip
             return JSONResponse({"permissions": held} if held else {})
         raise not_found(f"Method '{verb or 'POST'}' not found.")

@@ -41,6 +41,7 @@ from sandbox.control.run.egress import Internet
 from sandbox.control.run.frontend import FrontEnd, Routing
 from sandbox.control.run.images import DRIVERS, image_behaviour
 from sandbox.control.run.instances import Instance, InstanceSpec
+from sandbox.control.run.jobs import CloudRunJobs
 from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag, has_field
 from sandbox.faults import FaultMiddleware
 from sandbox.serving import ServedApp, serve_app
@@ -118,6 +119,7 @@ class CloudRun:
         self.faults_for_new_services: dict[str, list[dict]] = {}  # by service id, for its first revisions
         self._starting: dict[str, asyncio.Task] = {}
         self._http: httpx.AsyncClient | None = None
+        self.jobs = CloudRunJobs(self)  # jobs, executions and tasks (jobs.py); they share the operations here
 
     # Routing ----------------------------------------------------------------------------------------------
     def routes(self) -> list[BaseRoute]:
@@ -135,6 +137,7 @@ class CloudRun:
             Route(f"{base}/operations/{{operation}}", self.get_operation, methods=["GET"]),
             Route(f"{base}/operations/{{operation}}", self.wait_operation, methods=["POST"]),
             Route(f"{base}/operations/{{operation}}", self.delete_operation, methods=["DELETE"]),
+            *self.jobs.routes(),
         ]
 
     def admin_routes(self) -> list[BaseRoute]:
@@ -143,6 +146,7 @@ class CloudRun:
             Route("/logs/{revision}", self.admin_logs, methods=["GET"]),
             Route("/instances", self.admin_instances, methods=["GET"]),
             Route("/idle", self.admin_idle, methods=["POST"]),
+            *self.jobs.admin_routes(),
         ]
 
     def _location(self, request: Request) -> str:
@@ -265,8 +269,8 @@ class CloudRun:
             return JSONResponse(record.policy)
         if verb == "testIamPermissions":
             # What the caller holds on this service, through the project's policy and the service's own.
-            held = authz.held_permissions(self.ctx, authz.caller(self.ctx), list(body.get("permissions") or []),
-                                          record.service.name)  # fmt: skip
+            caller = authz.caller(self.ctx, request.scope)
+            held = authz.held_permissions(self.ctx, caller, list(body.get("permissions") or []), record.service.name)
             return JSONResponse({"permissions": held} if held else {})
         raise not_found(f"Method '{verb}' not found.")
 
@@ -685,6 +689,7 @@ class CloudRun:
         return await serve_app(FaultMiddleware(app, server, self.faults), server)
 
     async def shutdown(self) -> None:
+        await self.jobs.shutdown()
         for record in self.services.values():
             for task in record.rollouts:
                 task.cancel()

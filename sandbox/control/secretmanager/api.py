@@ -276,7 +276,8 @@ class SecretManager:
             return JSONResponse(record.policy.set_from_request(body, check))
         # What the caller holds on this secret, through the project's policy and the secret's own.
         name = f"projects/{self.config.project}/secrets/{record.secret.name.rsplit('/', 1)[-1]}"
-        held = authz.held_permissions(self.ctx, authz.caller(self.ctx), list(body.get("permissions") or []), name)
+        caller = authz.caller(self.ctx, request.scope)
+        held = authz.held_permissions(self.ctx, caller, list(body.get("permissions") or []), name)
         return JSONResponse({"permissions": held} if held else {})
 
     async def update_secret(self, request: Request) -> JSONResponse:

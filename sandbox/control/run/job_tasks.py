@@ -1,0 +1,107 @@
+"""One attempt of a Cloud Run job's task: the container's command run as a local process, under the task timeout.
+
+A job's container is not the vLLM stand-in: it runs what the job says (prefect-gcp's worker asks for `prefect
+flow-run execute`), for real. The image's files are this host's Python environment (the sandbox cannot unpack an
+image), so its interpreter's folder leads PATH; the process starts in a folder standing for the image's WORKDIR,
+with the env the image, the job and the platform give it (jobs.py builds it) and nothing of the sandbox's own
+(only locale and the like pass through: ``PASSTHROUGH_ENV``).
+
+Its stdout and stderr go to two files, the two streams Cloud Logging keeps apart (``run.googleapis.com/stdout`` and
+``stderr``). A task that outlives its timeout is killed, process group and all (Cloud Run docs, "Set task timeout
+for jobs": "the task is stopped"); SIGTERM first with a grace period, as Cloud Run stops containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.serving import die_with_parent
+
+PASSTHROUGH_ENV = ("LANG", "LC_ALL", "SYSTEMROOT", "TZ")
+STOP_GRACE_S = 10.0  # Cloud Run sends SIGTERM, then SIGKILL 10 seconds later (container runtime contract)
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    argv: list[str]
+    env: dict[str, str]
+    workdir: Path  # the image's WORKDIR, as a folder of the task's own
+    timeout_s: float
+    stdout: Path
+    stderr: Path
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    exit_code: int | None  # None: it never ran (the command was not found) or was stopped by the platform
+    timed_out: bool = False
+    stopped: bool = False  # cancelled or deleted while it ran
+    error: str = ""  # why it could not start
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.stopped
+
+
+class TaskAttempt:
+    """Runs one attempt; ``stop()`` from elsewhere ends it early (an execution cancelled or deleted)."""
+
+    def __init__(self, spec: AttemptSpec) -> None:
+        self.spec = spec
+        self.process: asyncio.subprocess.Process | None = None
+        self._stopped = False
+
+    def _env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
+        image_bin = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([image_bin, "/usr/local/bin", "/usr/bin", "/bin"])
+        env.update(self.spec.env)
+        return env
+
+    async def run(self) -> AttemptResult:
+        self.spec.workdir.mkdir(parents=True, exist_ok=True)
+        self.spec.stdout.parent.mkdir(parents=True, exist_ok=True)
+        env = self._env()
+        with self.spec.stdout.open("ab") as out, self.spec.stderr.open("ab") as err:
+            try:
+                self.process = await asyncio.create_subprocess_exec(
+                    *self.spec.argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    cwd=self.spec.workdir,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
+            except (FileNotFoundError, PermissionError) as exc:
+                # What the container runtime reports for a command that is not in the image.
+                message = f'exec: "{self.spec.argv[0]}": executable file not found in $PATH'
+                err.write(f"{message}\n".encode())
+                return AttemptResult(None, error=f"{message} ({exc.__class__.__name__})")
+        try:
+            code = await asyncio.wait_for(self.process.wait(), timeout=self.spec.timeout_s)
+        except TimeoutError:
+            await self.stop()
+            return AttemptResult(self.process.returncode, timed_out=True)
+        return AttemptResult(code, stopped=self._stopped)
+
+    async def stop(self) -> None:
+        """SIGTERM to the container's processes, SIGKILL after the grace period."""
+        self._stopped = True
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(process.wait()), timeout=STOP_GRACE_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()

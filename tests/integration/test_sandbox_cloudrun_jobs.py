@@ -1,0 +1,256 @@
+"""Cloud Run jobs in the sandbox, through the clients that call them: googleapiclient's run v2 client built from the
+static discovery document (what prefect-gcp's cloud-run-v2 worker uses) and google-cloud-run's JobsClient.
+
+A job's tasks run their container command as local processes: exit codes, retries, the task timeout, cancellation,
+the job's env and secrets, and its identity (the metadata server answers as the job's service account, whose tokens
+the APIs then judge). Every response is held to run.v2's schema by the session sandbox (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+import time
+from urllib.parse import parse_qs, urlparse
+
+import google.auth.transport.requests
+import httpx
+import pytest
+from google.api_core import exceptions
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import run_v2
+from google.oauth2 import service_account
+from googleapiclient import discovery
+from googleapiclient.errors import HttpError
+
+from tasks import clients
+
+MODEL_GARDEN = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:20250312_0916_RC01"
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def locations(sandbox):
+    """The worker's client: ``discovery.build("run", "v2")`` (static document, httplib2) at the sandbox."""
+    options = ClientOptions(api_endpoint=sandbox.info["control_url"])
+    client = discovery.build("run", "v2", client_options=options, credentials=AnonymousCredentials())
+    return client.projects().locations()
+
+
+@pytest.fixture
+def parent(sandbox_target) -> str:
+    return sandbox_target.location_path
+
+
+def python_job(code: str, **template: object) -> dict:
+    """A job body whose container runs ``python -c code`` (the image's Python is the host's: job_tasks.py)."""
+    task = {"containers": [{"image": MODEL_GARDEN, "command": ["python", "-c", code]}], "maxRetries": 0}
+    task.update({k: v for k, v in template.items() if k in ("maxRetries", "timeout", "serviceAccount")})
+    for key in ("maxRetries", "timeout", "serviceAccount"):
+        template.pop(key, None)
+    return {"template": {"template": task, **template}}
+
+
+def create(locations, parent: str, body: dict) -> str:
+    job_id = f"job-{next(_ids)}"
+    locations.jobs().create(parent=parent, jobId=job_id, body=body).execute()
+    return f"{parent}/jobs/{job_id}"
+
+
+def run_to_completion(locations, job: str, timeout: float = 300) -> dict:
+    """jobs.run, then executions.get until completionTime, as the worker watches an execution."""
+    operation = locations.jobs().run(name=job, body={}).execute()
+    name = operation["metadata"]["name"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        execution = locations.jobs().executions().get(name=name).execute()
+        if "completionTime" in execution:
+            return execution
+        time.sleep(0.1)
+    raise TimeoutError(f"{name} did not complete in {timeout} s")
+
+
+def completed(execution: dict) -> dict:
+    return next(c for c in execution["conditions"] if c["type"] == "Completed")
+
+
+def logs(sandbox, execution: dict, stream: str = "stdout") -> str:
+    """What the execution's logUri shows: its advancedFilter run through Cloud Logging's entries.list."""
+    query = parse_qs(urlparse(execution["logUri"]).query)
+    project, log_filter = query["project"][0], query["advancedFilter"][0]
+    log_filter += f'\nlogName="projects/{project}/logs/run.googleapis.com%2F{stream}"'
+    control = sandbox.info["control_url"]
+    body = {"resourceNames": [f"projects/{project}"], "filter": log_filter, "orderBy": "timestamp asc"}
+    entries = httpx.post(f"{control}/v2/entries:list", json=body, timeout=30).json().get("entries", [])
+    return "\n".join(e["textPayload"] for e in entries)
+
+
+def test_a_job_runs_its_tasks_and_reports_what_the_worker_reads(sandbox, locations, parent):
+    code = "import os; print('task', os.environ['CLOUD_RUN_TASK_INDEX'], 'of', os.environ['CLOUD_RUN_TASK_COUNT'])"
+    job = create(locations, parent, python_job(code, taskCount=2))
+    got = locations.jobs().get(name=job).execute()
+    # What prefect-gcp's JobV2.get reads as required keys, and its readiness test.
+    assert got["terminalCondition"]["type"] == "Ready" and got["terminalCondition"]["state"] == "CONDITION_SUCCEEDED"
+    assert got["latestCreatedExecution"] == {} and isinstance(got["generation"], str) and got["etag"]
+    execution = run_to_completion(locations, job)
+    assert completed(execution)["state"] == "CONDITION_SUCCEEDED"
+    assert re.fullmatch(r"Execution completed successfully in [\dm.]+s\.", completed(execution)["message"])
+    assert execution["succeededCount"] == 2 and execution["taskCount"] == 2 and execution["parallelism"] == 2
+    suffix = "[bcdfghjklmnpqrstvwxz2456789]{5}"
+    assert re.fullmatch(rf"{job.rsplit('/', 1)[1]}-{suffix}", execution["name"].rsplit("/")[-1])
+    text = logs(sandbox, execution)
+    assert "task 0 of 2" in text and "task 1 of 2" in text
+    after = locations.jobs().get(name=job).execute()
+    assert after["executionCount"] == 1
+    assert after["latestCreatedExecution"]["name"] == execution["name"]
+    assert after["latestCreatedExecution"]["completionStatus"] == "EXECUTION_SUCCEEDED"
+    # The worker's clean-up: list the executions, delete each, then the job.
+    listed = locations.jobs().executions().list(parent=job).execute()["executions"]
+    assert [e["name"] for e in listed] == [execution["name"]]
+    locations.jobs().executions().delete(name=execution["name"]).execute()
+    locations.jobs().delete(name=job).execute()
+    with pytest.raises(HttpError) as missing:
+        locations.jobs().get(name=job).execute()
+    assert missing.value.status_code == 404
+
+
+def test_a_failing_task_is_retried_then_fails_the_execution_with_its_exit_code(sandbox, locations, parent):
+    code = "import os, sys; print('attempt', os.environ['CLOUD_RUN_TASK_ATTEMPT']); sys.exit(3)"
+    execution = run_to_completion(locations, create(locations, parent, python_job(code, maxRetries=1)))
+    condition = completed(execution)
+    assert condition["state"] == "CONDITION_FAILED" and condition["executionReason"] == "NON_ZERO_EXIT_CODE"
+    short = execution["name"].rsplit("/", 1)[1]
+    assert condition["message"] == (
+        f"Task {short}-task0 failed with exit code: 3 and message: The container exited with an error."
+    )
+    assert execution["failedCount"] == 1 and execution["retriedCount"] == 1 and "succeededCount" not in execution
+    assert "attempt 0" in logs(sandbox, execution) and "attempt 1" in logs(sandbox, execution)
+
+
+def test_a_task_past_its_timeout_is_stopped_with_cloud_runs_message(locations, parent):
+    code = "import time; print('working', flush=True); time.sleep(600)"
+    started = time.monotonic()
+    execution = run_to_completion(locations, create(locations, parent, python_job(code, timeout="2s")))
+    assert time.monotonic() - started < 300  # the 600 s sleep did not run out: the task was stopped
+    short = execution["name"].rsplit("/", 1)[1]
+    assert completed(execution)["message"] == (
+        f"Task {short}-task0 failed with exit code: 0 and message: The configured timeout was reached."
+    )
+    assert "executionReason" not in completed(execution)
+
+
+def test_a_cancelled_execution_stops_its_tasks(locations, parent):
+    job = create(locations, parent, python_job("import time; print('up', flush=True); time.sleep(600)"))
+    name = locations.jobs().run(name=job, body={}).execute()["metadata"]["name"]
+    deadline = time.monotonic() + 120
+    while locations.jobs().executions().get(name=name).execute().get("runningCount") != 1:
+        assert time.monotonic() < deadline, "the task never started"
+        time.sleep(0.1)
+    locations.jobs().executions().cancel(name=name, body={}).execute()
+    execution = locations.jobs().executions().get(name=name).execute()
+    assert "completionTime" in execution and execution["cancelledCount"] == 1
+    assert completed(execution)["executionReason"] == "CANCELLED"
+    assert completed(execution)["message"] == "Cancelled by user."
+
+
+def test_deleting_a_running_job_stops_it_and_the_watcher_gets_404(locations, parent):
+    """What kill_infrastructure does: delete the executions and the job; the watching worker's next get is a 404."""
+    job = create(locations, parent, python_job("import time; time.sleep(600)"))
+    name = locations.jobs().run(name=job, body={}).execute()["metadata"]["name"]
+    locations.jobs().executions().delete(name=name).execute()
+    locations.jobs().delete(name=job).execute()
+    with pytest.raises(HttpError) as gone:
+        locations.jobs().executions().get(name=name).execute()
+    assert gone.value.status_code == 404
+
+
+def test_the_task_env_has_the_jobs_secrets_and_identity(sb, sandbox, locations, parent, sandbox_target, iam_propagated):
+    from tasks import infra
+
+    email = f"job-runner@{sandbox_target.project}.iam.gserviceaccount.com"
+    account = infra.get_or_create_service_account(sandbox_target, "job-runner", email, "job runner", "tests")
+    manager = clients.secret_manager(sandbox_target)
+    secret = manager.create_secret(
+        parent=f"projects/{sandbox_target.project}", secret_id=f"job-secret-{next(_ids)}",
+        secret={"replication": {"automatic": {}}},
+    )  # fmt: skip
+    manager.add_secret_version(parent=secret.name, payload={"data": b"s3cret"})
+    code = (
+        "import os, urllib.request as u\n"
+        "r = u.Request('http://' + os.environ['GCE_METADATA_HOST'] + '/computeMetadata/v1/instance/service-accounts/"
+        "default/email', headers={'Metadata-Flavor': 'Google'})\n"
+        "print('identity', u.urlopen(r).read().decode()); print('secret', os.environ['TOKEN'])"
+    )
+    body = python_job(code, serviceAccount=account.name)
+    body["template"]["template"]["containers"][0]["env"] = [
+        {"name": "TOKEN", "valueSource": {"secretKeyRef": {"secret": secret.name, "version": "latest"}}}
+    ]
+    job = create(locations, parent, body)
+    refused = run_to_completion(locations, job)  # the account may not read the secret yet
+    assert "Permission denied on secret" in completed(refused)["message"]
+    policy = manager.get_iam_policy(request={"resource": secret.name})
+    policy.bindings.add(role="roles/secretmanager.secretAccessor", members=[f"serviceAccount:{account.name}"])
+    manager.set_iam_policy(request={"resource": secret.name, "policy": policy})
+    execution = run_to_completion(locations, job)
+    assert completed(execution)["state"] == "CONDITION_SUCCEEDED", completed(execution)
+    text = logs(sandbox, execution)
+    assert f"identity {account.name}" in text and "secret s3cret" in text
+
+
+def test_a_keys_token_acts_as_its_account_and_is_refused_what_it_lacks(sb, sandbox, sandbox_target, iam_propagated):
+    """A key from IAM's keys.create gets a token at the key's token_uri; the APIs then judge that account."""
+    from tasks import infra
+
+    email = f"keyed-{next(_ids)}@{sandbox_target.project}.iam.gserviceaccount.com"
+    infra.get_or_create_service_account(sandbox_target, email.split("@")[0], email, "keyed", "tests")
+    session = google.auth.transport.requests.AuthorizedSession(AnonymousCredentials())
+    made = session.post(f"{sandbox.info['control_url']}/v1/projects/-/serviceAccounts/{email}/keys", json={}).json()
+    key = json.loads(base64.b64decode(made["privateKeyData"]))
+    assert key["client_email"] == email and key["token_uri"].endswith("/token")
+    credentials = service_account.Credentials.from_service_account_info(
+        key, scopes=["https://www.googleapis.com/auth/cloud-platform"]
+    )
+    # The worker's client refreshes a token at the key's token_uri; the GAPIC client sends a self-signed JWT instead.
+    worker_client = (
+        discovery.build(
+            "run", "v2", credentials=credentials, client_options=ClientOptions(api_endpoint=sandbox.info["control_url"])
+        )
+        .projects()
+        .locations()
+    )
+    jobs = run_v2.JobsClient(
+        transport="rest", credentials=credentials, client_options={"api_endpoint": sandbox.info["control_url"]}
+    )
+    denied = f"Permission 'run.jobs.list' denied on resource '{sandbox_target.location_path}'"
+    with pytest.raises(HttpError, match=re.escape(denied)):
+        worker_client.jobs().list(parent=sandbox_target.location_path).execute()
+    assert credentials.token.startswith("ya29.sandbox-")  # from the token endpoint
+    with pytest.raises(exceptions.Forbidden, match=re.escape(denied)):
+        list(jobs.list_jobs(parent=sandbox_target.location_path))
+    sb.set_caller_roles(["roles/run.developer"], member=f"serviceAccount:{email}")
+    assert "jobs" in worker_client.jobs().list(parent=sandbox_target.location_path).execute()
+    assert list(jobs.list_jobs(parent=sandbox_target.location_path))
+
+
+def test_creating_a_job_needs_act_as_on_its_account(sb, locations, parent):
+    other = "nobody-here@sandbox-project.iam.gserviceaccount.com"
+    with pytest.raises(HttpError) as refused:
+        create(locations, parent, python_job("pass", serviceAccount=other))
+    assert refused.value.status_code == 403
+    assert f"Permission 'iam.serviceaccounts.actAs' denied on service account {other}" in str(refused.value)
+
+
+def test_the_jobs_client_sees_the_same_jobs(sandbox_target, locations, parent):
+    job = create(locations, parent, python_job("print('hi')"))
+    client = run_v2.JobsClient(
+        transport="rest",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": sandbox_target.endpoint("run")},
+    )
+    got = client.get_job(name=job)
+    assert got.terminal_condition.state == run_v2.Condition.State.CONDITION_SUCCEEDED
+    assert got.template.template.max_retries == 0 and got.template.task_count == 1
+    assert got.template.template.timeout.total_seconds() == 600  # Cloud Run's default task timeout
