@@ -145,6 +145,10 @@ class ServiceAccountKeys:
 
     def verify_assertion(self, assertion: str) -> str:
         """The account email a signed JWT assertion speaks for; ValueError with the OAuth error text otherwise."""
+        return str(self.assertion_claims(assertion)["iss"])
+
+    def assertion_claims(self, assertion: str) -> dict:
+        """The claims of a JWT signed by one of these keys for its own account; ValueError otherwise."""
         try:
             header = jwt.decode_header(assertion)
         except (ValueError, exceptions.GoogleAuthError):
@@ -158,4 +162,4 @@ class ServiceAccountKeys:
             raise ValueError("Invalid JWT Signature.") from None
         if payload.get("iss") != key.email:
             raise ValueError("Invalid JWT: the issuer is not the key's service account.")
-        return key.email
+        return payload

@@ -5,7 +5,9 @@ google-auth's service-account credentials sign a JWT with the key and POST it to
 Server Applications", "Making the access token request"). The answer is ``{"access_token", "expires_in": 3599,
 "token_type": "Bearer"}``; a bad assertion is a 400 ``{"error": "invalid_grant", "error_description": ...}`` with
 Google's texts ("Invalid JWT Signature.", as in googleapis/google-auth-library-python issues about revoked keys).
-The token acts as the key's account on every sandbox API (sandbox.authz.caller).
+The token acts as the key's account on every sandbox API (sandbox.authz.caller). An assertion with a
+``target_audience`` claim gets a signed ID token for that audience instead (``{"id_token": ...}``), as Google's
+endpoint answers service-account ID token requests.
 
 Served on the control plane, and as ``https://oauth2.googleapis.com/token`` through the TLS face (sandbox/tls.py).
 """
@@ -33,9 +35,14 @@ def token_routes(issuer: TokenIssuer) -> list[BaseRoute]:
         if form.get("grant_type") != JWT_BEARER:
             return _error("unsupported_grant_type", "Invalid grant_type: " + form.get("grant_type", ""))
         try:
-            email = issuer.service_account_keys.verify_assertion(form.get("assertion", ""))
+            claims = issuer.service_account_keys.assertion_claims(form.get("assertion", ""))
         except ValueError as exc:
             return _error("invalid_grant", str(exc))
+        email = str(claims["iss"])
+        if claims.get("target_audience"):
+            # An ID token for a private service: google-auth's IDTokenCredentials ask with a ``target_audience``
+            # claim and read ``id_token`` from the answer (google/oauth2/_client.py, id_token_jwt_grant).
+            return JSONResponse({"id_token": issuer.mint(email, str(claims["target_audience"]))})
         access_token = issuer.access_tokens.mint(f"serviceAccount:{email}")
         return JSONResponse(
             {"access_token": access_token, "expires_in": ACCESS_TOKEN_LIFETIME_S, "token_type": "Bearer"}
