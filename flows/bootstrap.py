@@ -33,7 +33,15 @@ from flows.common import DEFAULT_TARGET
 from flows.project import PROJECT_DIR
 from tasks.infra import get_or_create_service_account
 from tasks.permissions import DEPLOYER_ROLES, grant_command
-from tasks.work_pool import build_worker_image, cloud_run_base_job_template, ensure_work_pool, runner_service_account
+from tasks.work_pool import (
+    DEFAULT_STAGING_MB_S,
+    JobSize,
+    build_worker_image,
+    cloud_run_base_job_template,
+    ensure_work_pool,
+    job_size,
+    runner_service_account,
+)
 
 POOL_TYPES = ("process", "cloud-run-v2")
 TOKEN_BLOCK = "hf-token"
@@ -125,14 +133,56 @@ def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Nam
                 "--worker-image REF, or --build-worker-image to build ./Dockerfile with Cloud Build"
             )
         print(runner_account(target, args.worker_service_account or runner_service_account(target)))
+        size = pool_job_size(PROJECT_DIR / "deployments", args.staging_mb_s)
         # A key file's block is referenced, so each job gets it; with ADC the worker's own identity is the same
         # thing, and a reference to an ADC block is refused: the server checks the defaults with the block's secrets
         # obfuscated, and its empty service_account_info becomes '********' (422 on Prefect 3.9.1).
         template = cloud_run_base_job_template(
             target, image, service_account=args.worker_service_account,
             credentials_block=args.credentials_block if args.key_file else None,
+            **({"cpu": str(size.cpu), "memory": size.memory, "timeout": size.timeout_s} if size else {}),
         )  # fmt: skip
     return ensure_work_pool(name, pool_type, template)
+
+
+def model_weights(model_dir: Path) -> tuple[int, list[str]]:
+    """The largest weights among the project's model files (``model_dir``/*.yaml), as the Hub lists them now (HF_TOKEN
+    for gated ones), and one line per file; a file whose size cannot be read says why and is left out."""
+    from flows.common import read_spec
+    from flows.promote import hf_resolve_model
+    from tasks.hub import HubRetryPolicy
+    from tasks.staging import StagingOptions
+
+    options = StagingOptions(retry=HubRetryPolicy(max_attempts=2, budget_s=30))  # a setup step: no long waits
+    largest, lines = 0, []
+    for path in sorted(model_dir.glob("*.yaml")):
+        try:
+            spec = read_spec(str(path), within=model_dir)
+            source = ModelSource(
+                repo_id=spec["model"], revision=spec.get("revision", "main"), hub_endpoint=spec.get("hub_endpoint"),
+                allow_patterns=spec.get("allow_patterns"), ignore_patterns=spec.get("ignore_patterns"),
+            )  # fmt: skip
+            _, weights, _ = hf_resolve_model.fn(source, None, options)
+        except Exception as exc:  # sizing is advice: any failure leaves this file out, saying why
+            lines.append(f"  {path.name}: size unknown ({str(exc).splitlines()[0][:200]})")
+            continue
+        lines.append(f"  {path.name}: {source.repo_id}@{source.revision}, {weights / 1e6:,.1f} MB of weights")
+        largest = max(largest, weights)
+    return largest, lines
+
+
+def pool_job_size(model_dir: Path, staging_mb_s: float) -> JobSize | None:
+    """The Cloud Run pool's job size for the largest model the project stages (tasks/work_pool.py ``job_size``);
+    None, keeping the defaults, when no model file's size could be read."""
+    largest, lines = model_weights(model_dir)
+    print("model files (the pool's jobs are sized for the largest):")
+    print("\n".join(lines) or "  none")
+    if not largest:
+        print("  no size known: the pool keeps its default job size (2 vCPU, 4Gi, 10800 s)")
+        return None
+    size = job_size(largest, staging_mb_s)
+    print(f"  jobs: {size.describe()}")
+    return size
 
 
 def runner_account(target: GcpTarget, email: str) -> str:
@@ -267,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     gcp.add_argument("--worker-image", help="cloud-run-v2: the image that holds this project")
     gcp.add_argument("--build-worker-image", action="store_true", help="cloud-run-v2: build ./Dockerfile first")
     gcp.add_argument("--worker-service-account", help="cloud-run-v2: the identity flow runs have")
+    gcp.add_argument(
+        "--staging-mb-s", type=float, default=DEFAULT_STAGING_MB_S,
+        help="cloud-run-v2: the Hub-to-bucket rate the jobs' timeout plans for (default: %(default)s MB/s)",
+    )  # fmt: skip
     gcp.add_argument("--no-deploy", action="store_true", help="stop before `prefect deploy`")
     redeploy = sub.add_parser("deploy", help="deploy a prefect file and resume its schedules whose target exists")
     redeploy.add_argument("--prefect-file", default="prefect.yaml", help="relative to the project folder")

@@ -49,7 +49,7 @@ def grant_bucket_object_viewer(target: GcpTarget) -> EnsureResult:
             bucket.set_iam_policy(policy)
         return changes
 
-    with gcp_errors("storage", "roles/storage.admin", f"IAM policy of gs://{target.bucket_name}", target.project):
+    with gcp_errors("storage", "roles/storage.admin", f"IAM policy of gs://{target.bucket_name}", target):
         # A service account created moments ago is unknown to Cloud Storage until IAM has propagated it.
         changes = when_visible(POLICY_CONFLICT_RETRY(edit), target.service_account_email, "Cloud Storage")
     return _result("iam", f"gs://{target.bucket_name} {OBJECT_VIEWER} {member}", changes)
@@ -96,7 +96,7 @@ def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None) -> En
     manager = clients.secret_manager(target)
     name = secret_path(target, secret_id)
     member = _member(target)
-    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"IAM policy of {name}", target.project):
+    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"IAM policy of {name}", target):
         changes = grant_to_new_account(manager, name, SECRET_ACCESSOR, target.service_account_email, "Secret Manager")
     return _result("iam", f"{name} {SECRET_ACCESSOR} {member}", changes)
 
@@ -108,7 +108,7 @@ def ensure_service_invokers(target: GcpTarget, service_id: str) -> EnsureResult:
     wanted = set(target.invokers)
     if wanted & PUBLIC_MEMBERS:
         raise InfraError("invokers: the service stays private; remove allUsers / allAuthenticatedUsers")
-    with gcp_errors("run", "roles/run.admin", f"IAM policy of service {service_id}", target.project):
+    with gcp_errors("run", "roles/run.admin", f"IAM policy of service {service_id}", target):
         try:
             changes = set_role_members(services, name, RUN_INVOKER, wanted, exact=True)
         except gexc.NotFound:

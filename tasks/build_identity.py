@@ -75,7 +75,7 @@ def grant_build_bucket_access(target: GcpTarget) -> EnsureResult:
         return [f"granted {role}"]
 
     what = f"IAM policy of gs://{target.build_bucket_name}"
-    with gcp_errors("storage", "roles/storage.admin", what, target.project):
+    with gcp_errors("storage", "roles/storage.admin", what, target):
         # A service account created moments ago is unknown to Cloud Storage until IAM has propagated it.
         changes = when_visible(POLICY_CONFLICT_RETRY(edit), target.build_service_account_email, "Cloud Storage")
     return _result(f"gs://{target.build_bucket_name} {BUILD_BUCKET_ROLE} {member}", changes)
@@ -98,7 +98,7 @@ def remove_model_bucket_roles(target: GcpTarget) -> EnsureResult:
         bucket.set_iam_policy(policy)
         return [f"removed {b['role']}" for b in held]
 
-    with gcp_errors("storage", "roles/storage.admin", f"IAM policy of gs://{target.bucket_name}", target.project):
+    with gcp_errors("storage", "roles/storage.admin", f"IAM policy of gs://{target.bucket_name}", target):
         changes = POLICY_CONFLICT_RETRY(edit)()
     return _result(f"gs://{target.bucket_name} no role for {member}", changes)
 
@@ -107,7 +107,7 @@ def grant_build_repository_writer(target: GcpTarget) -> EnsureResult:
     """artifactregistry.writer for the build identity on the image repository (not the project)."""
     registry = clients.artifact_registry(target)
     name = repository_path(target)
-    with gcp_errors("artifactregistry", "roles/artifactregistry.admin", f"IAM policy of {name}", target.project):
+    with gcp_errors("artifactregistry", "roles/artifactregistry.admin", f"IAM policy of {name}", target):
         changes = grant_to_new_account(
             registry, name, REPOSITORY_ROLE, target.build_service_account_email, "Artifact Registry"
         )

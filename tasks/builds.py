@@ -216,7 +216,7 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
     marker = f"attempt-{uuid.uuid4().hex[:16]}"
     request.tags.append(marker)
     timeout = build.timeout_seconds + 600
-    with gcp_errors("cloudbuild", "roles/cloudbuild.builds.editor", f"building {plan.tagged}", target.project):
+    with gcp_errors("cloudbuild", "roles/cloudbuild.builds.editor", f"building {plan.tagged}", target):
         # parent alone selects the regional endpoint (FACTS.md); the build runs in the service's region.
         try:
             operation = _create_build(client, target, request)

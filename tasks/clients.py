@@ -8,8 +8,10 @@ needs REST; gRPC cannot use it). No other module chooses endpoints or credential
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import google.auth
 import google.auth.exceptions
@@ -40,6 +42,22 @@ def credentials(target: GcpTarget) -> Credentials:
         return target.gcp_credentials.get_credentials_from_service_account()
     found, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
     return found
+
+
+def principal(target: GcpTarget) -> str | None:
+    """The IAM member the target's calls act as, when its credentials say so without a call: a service-account key's
+    account (the GcpCredentials block). None for ADC and anonymous credentials (who they are takes a request)."""
+    block = target.gcp_credentials
+    if block is None or target.anonymous_credentials:
+        return None
+    info = block.service_account_info.get_secret_value() if block.service_account_info else None
+    if info is None and block.service_account_file:
+        try:
+            info = json.loads(Path(block.service_account_file).expanduser().read_text())
+        except (OSError, ValueError):
+            return None
+    email = (info or {}).get("client_email")
+    return f"serviceAccount:{email}" if email else None
 
 
 def client_options(target: GcpTarget, api: str) -> ClientOptions | None:

@@ -149,7 +149,7 @@ def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -
         raise ValueError("deploy_candidate needs a named revision (tasks.render.revision_name)")
     services = clients.run_services(target)
     name = service_path(target, service_id)
-    with gcp_errors("run", "roles/run.developer", f"deploying {service_id}", target.project):
+    with gcp_errors("run", "roles/run.developer", f"deploying {service_id}", target):
         try:
             current = services.get_service(name=name, retry=GCP_RETRY)
         except gexc.NotFound:
@@ -244,7 +244,7 @@ def promote_candidate(
         traffic.append(
             run_v2.TrafficTarget(type_=BY_REVISION, revision=candidate.previous_revision, percent=0, tag=PREVIOUS_TAG)
         )
-    with gcp_errors("run", "roles/run.developer", f"promoting {candidate.revision}", target.project):
+    with gcp_errors("run", "roles/run.developer", f"promoting {candidate.revision}", target):
         return _set_traffic(target, service_id, traffic)
 
 
@@ -256,14 +256,14 @@ def shift_to_canary(target: GcpTarget, service_id: str, candidate: Candidate, pe
                              tag=CANDIDATE_TAG if revision == candidate.revision else "")
         for revision, share in split
     ]  # fmt: skip
-    with gcp_errors("run", "roles/run.developer", f"moving {percent} % to {candidate.revision}", target.project):
+    with gcp_errors("run", "roles/run.developer", f"moving {percent} % to {candidate.revision}", target):
         _set_traffic(target, service_id, traffic)
     return split
 
 
 def release_previous(target: GcpTarget, service_id: str, candidate: Candidate) -> None:
     """The watch is over and held: the previous revision's tag goes, so it scales to zero."""
-    with gcp_errors("run", "roles/run.developer", f"untagging {candidate.previous_revision}", target.project):
+    with gcp_errors("run", "roles/run.developer", f"untagging {candidate.previous_revision}", target):
         _set_traffic(target, service_id, _pinned([(candidate.revision, 100)]))
 
 
@@ -274,7 +274,7 @@ def abandon_candidate(target: GcpTarget, service_id: str, candidate: Candidate) 
     if candidate.first_deploy:
         delete_service(target, service_id)  # its only revision failed verification: nothing verified ever served
         return
-    with gcp_errors("run", "roles/run.developer", f"removing candidate {candidate.revision}", target.project):
+    with gcp_errors("run", "roles/run.developer", f"removing candidate {candidate.revision}", target):
         _set_traffic(target, service_id, _pinned(candidate.previous_traffic))
 
 
@@ -324,7 +324,7 @@ class Rollback(BaseModel):
 def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None) -> Rollback:
     """Traffic back to ``to_revision``, or to the newest ready revision older than the one serving now."""
     services = clients.run_services(target)
-    with gcp_errors("run", "roles/run.developer", f"rolling back {service_id}", target.project):
+    with gcp_errors("run", "roles/run.developer", f"rolling back {service_id}", target):
         try:
             current = services.get_service(name=service_path(target, service_id), retry=GCP_RETRY)
         except gexc.NotFound:
@@ -432,7 +432,7 @@ def scale_service(
         )
     services = clients.run_services(target)
     name = service_path(target, service_id)
-    with gcp_errors("run", "roles/run.developer", f"scaling {service_id}", target.project):
+    with gcp_errors("run", "roles/run.developer", f"scaling {service_id}", target):
         try:
             current = services.get_service(name=name, retry=GCP_RETRY)
         except gexc.NotFound:

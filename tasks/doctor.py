@@ -278,7 +278,7 @@ def gpu_quota_limit(target: GcpTarget, profile: ServingProfile) -> int | None:
     limit set for the region). Raises InfraError, naming the API to enable or the role to grant, when unreadable."""
     assert profile.gpu_type is not None
     metric = gpu_quota_metric(profile.gpu_type, profile.gpu_zonal_redundancy)
-    with gcp_errors("serviceusage", "roles/serviceusage.serviceUsageViewer", f"reading {metric}", target.project):
+    with gcp_errors("serviceusage", "roles/serviceusage.serviceUsageViewer", f"reading {metric}", target):
         response = _read_quota_metric(target, metric)
         if response.status_code != 200:
             raise gexc.from_http_response(response)

@@ -15,6 +15,8 @@ from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry, if_exception_type
 from pydantic import BaseModel, Field
 
+from blocks.target import GcpTarget
+from tasks import clients
 from tasks.permissions import explain_denied, explain_permission
 
 T = TypeVar("T")
@@ -67,7 +69,9 @@ SERVICES = {
 DISABLED_MARKERS = ("has not been used in project", "it is disabled", "SERVICE_DISABLED", "API has not been")
 
 
-def explain_forbidden(exc: gexc.GoogleAPICallError, api: str, role: str, what: str, project: str) -> InfraError:
+def explain_forbidden(
+    exc: gexc.GoogleAPICallError, api: str, role: str, what: str, project: str, member: str | None = None
+) -> InfraError:
     title, service = SERVICES[api]
     text = str(exc)
     if any(marker in text for marker in DISABLED_MARKERS):
@@ -76,10 +80,10 @@ def explain_forbidden(exc: gexc.GoogleAPICallError, api: str, role: str, what: s
             f"`gcloud services enable {service} --project {project}` and run again"
         )
     # Google's message names the missing permission (each API in its own words): name it and the role to grant.
-    named = explain_denied(text, project)
+    named = explain_denied(text, project, member)
     permission = (getattr(exc, "metadata", None) or {}).get("permission")
     if named is None and permission:  # e.g. Cloud Build's "The caller does not have permission" + its ErrorInfo
-        named = explain_permission(permission, project)
+        named = explain_permission(permission, project, member)
     if named is not None:
         return InfraError(f"{what}: permission denied in project {project}: {named}; then run again")
     return InfraError(
@@ -89,12 +93,13 @@ def explain_forbidden(exc: gexc.GoogleAPICallError, api: str, role: str, what: s
 
 
 @contextmanager
-def gcp_errors(api: str, role: str, what: str, project: str) -> Iterator[None]:
-    """Turn a 403 into an InfraError that says which API to enable or which role to grant."""
+def gcp_errors(api: str, role: str, what: str, target: GcpTarget) -> Iterator[None]:
+    """Turn a 403 into an InfraError that says which API to enable or which role to grant, and to whom when the
+    target's credentials name the identity (a service-account key: a flow run in a Cloud Run job, say)."""
     try:
         yield
     except (gexc.Forbidden, gexc.PermissionDenied) as exc:
-        raise explain_forbidden(exc, api, role, what, project) from None
+        raise explain_forbidden(exc, api, role, what, target.project, clients.principal(target)) from None
 
 
 # Creating a build is not idempotent: retry only what was refused before anything was created (429).

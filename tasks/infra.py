@@ -42,7 +42,7 @@ def ensure_regional_bucket(target: GcpTarget, name: str, field: str, holds: str)
     the service's, uniform access, public access prevention, labels. A found one is checked and repaired; a wrong
     region or public members are an error."""
     storage = clients.storage(target)
-    with gcp_errors("storage", "roles/storage.admin", f"bucket gs://{name}", target.project):
+    with gcp_errors("storage", "roles/storage.admin", f"bucket gs://{name}", target):
         try:
             bucket = storage.get_bucket(name)
         except gexc.NotFound:
@@ -109,7 +109,7 @@ def ensure_artifact_registry(target: GcpTarget) -> EnsureResult:
     """A Docker repository in the region with vulnerability scanning on (lesson 17) and the target's labels."""
     registry = clients.artifact_registry(target)
     name = repository_path(target)
-    with gcp_errors("artifactregistry", "roles/artifactregistry.admin", f"repository {name}", target.project):
+    with gcp_errors("artifactregistry", "roles/artifactregistry.admin", f"repository {name}", target):
         try:
             repository = registry.get_repository(name=name, retry=GCP_RETRY)
         except gexc.NotFound:
@@ -182,7 +182,7 @@ def ensure_network(target: GcpTarget) -> EnsureResult:
     """A custom-mode VPC with regional routing for Direct VPC egress (lesson 15)."""
     networks = clients.compute_networks(target)
     name = f"projects/{target.project}/global/networks/{target.network}"
-    with gcp_errors("compute", "roles/compute.networkAdmin", f"network {target.network}", target.project):
+    with gcp_errors("compute", "roles/compute.networkAdmin", f"network {target.network}", target):
         try:
             network = networks.get(project=target.project, network=target.network, retry=GCP_RETRY)
         except gexc.NotFound:
@@ -211,7 +211,7 @@ def ensure_subnet(target: GcpTarget) -> EnsureResult:
     subnetworks = clients.compute_subnetworks(target)
     name = f"projects/{target.project}/regions/{target.region}/subnetworks/{target.subnet}"
     network_link = f"projects/{target.project}/global/networks/{target.network}"
-    with gcp_errors("compute", "roles/compute.networkAdmin", f"subnet {target.subnet}", target.project):
+    with gcp_errors("compute", "roles/compute.networkAdmin", f"subnet {target.subnet}", target):
         try:
             subnet = subnetworks.get(
                 project=target.project, region=target.region, subnetwork=target.subnet, retry=GCP_RETRY
@@ -293,7 +293,7 @@ def get_or_create_service_account(
 ) -> EnsureResult:
     """The service account ``email`` in the target's project: found, else created as ``account_id`` (a concurrent
     creation counts as found)."""
-    with gcp_errors("iam", "roles/iam.serviceAccountAdmin", f"service account {email}", target.project):
+    with gcp_errors("iam", "roles/iam.serviceAccountAdmin", f"service account {email}", target):
         try:
             iam_call(target, "GET", service_account_path(target.project, email))
             return EnsureResult(kind="service-account", name=email, action="found")
@@ -341,7 +341,7 @@ def ensure_secret(target: GcpTarget, value: SecretStr, secret_id: str | None = N
     manager = clients.secret_manager(target)
     name = secret_path(target, secret_id)
     created = False
-    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"secret {name}", target.project):
+    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"secret {name}", target):
         try:
             manager.get_secret(name=name, retry=GCP_RETRY)
         except gexc.NotFound:

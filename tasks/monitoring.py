@@ -137,7 +137,7 @@ def list_series(target: GcpTarget, metric_filter: str, start: datetime, end: dat
         return response.json() if response.content else {}
 
     series: list[dict] = []
-    with gcp_errors("monitoring", MONITORING_VIEWER_ROLE, "reading Cloud Run metrics", target.project):
+    with gcp_errors("monitoring", MONITORING_VIEWER_ROLE, "reading Cloud Run metrics", target):
         token = ""
         for _ in range(MAX_PAGES):
             answer = with_retry(lambda token=token: page(token))

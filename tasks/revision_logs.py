@@ -59,7 +59,7 @@ def revision_log_tail(target: GcpTarget, service_id: str, revision: str, lines: 
         return response.json() if response.content else {}
 
     what = f"reading the logs of Cloud Run revision {revision} (service {service_id})"
-    with gcp_errors("logging", LOG_VIEWER_ROLE, what, target.project):
+    with gcp_errors("logging", LOG_VIEWER_ROLE, what, target):
         token = ""
         for _ in range(MAX_PAGES):
             body = {**request, "pageSize": min(lines - len(newest_first), MAX_PAGE_SIZE)}

@@ -49,7 +49,7 @@ def delete_service(target: GcpTarget, service_id: str) -> EnsureResult:
     """The Cloud Run service with all its revisions (its URLs stop answering)."""
     name = f"{target.location_path}/services/{service_id}"
     services = clients.run_services(target)
-    with gcp_errors("run", "roles/run.admin", f"deleting service {service_id}", target.project):
+    with gcp_errors("run", "roles/run.admin", f"deleting service {service_id}", target):
         try:
             wait_for(services.delete_service(name=name, retry=GCP_RETRY), clients.operation_polling(target))
         except gexc.NotFound:
@@ -62,7 +62,7 @@ def delete_subnet(target: GcpTarget) -> EnsureResult:
     it and when to retry (tasks/subnet_hold.py) instead of an error."""
     name = f"projects/{target.project}/regions/{target.region}/subnetworks/{target.subnet}"
     subnetworks = clients.compute_subnetworks(target)
-    with gcp_errors("compute", "roles/compute.networkAdmin", f"deleting subnet {target.subnet}", target.project):
+    with gcp_errors("compute", "roles/compute.networkAdmin", f"deleting subnet {target.subnet}", target):
         try:
             operation = subnetworks.delete_unary(
                 project=target.project, region=target.region, subnetwork=target.subnet, retry=GCP_RETRY
@@ -80,7 +80,7 @@ def delete_subnet(target: GcpTarget) -> EnsureResult:
 def delete_network(target: GcpTarget) -> EnsureResult:
     name = f"projects/{target.project}/global/networks/{target.network}"
     networks = clients.compute_networks(target)
-    with gcp_errors("compute", "roles/compute.networkAdmin", f"deleting network {target.network}", target.project):
+    with gcp_errors("compute", "roles/compute.networkAdmin", f"deleting network {target.network}", target):
         try:
             operation = networks.delete_unary(project=target.project, network=target.network, retry=GCP_RETRY)
         except gexc.NotFound:
@@ -96,7 +96,7 @@ def delete_network(target: GcpTarget) -> EnsureResult:
 def delete_service_account(target: GcpTarget, email: str | None = None) -> EnsureResult:
     """The service account ``email`` (the serving account by default); its bindings go with it."""
     email = email or target.service_account_email
-    with gcp_errors("iam", "roles/iam.serviceAccountAdmin", f"deleting {email}", target.project):
+    with gcp_errors("iam", "roles/iam.serviceAccountAdmin", f"deleting {email}", target):
         try:
             iam_call(target, "DELETE", service_account_path(target.project, email))
         except gexc.NotFound:
@@ -107,7 +107,7 @@ def delete_service_account(target: GcpTarget, email: str | None = None) -> Ensur
 def delete_secret(target: GcpTarget, secret_id: str | None = None) -> EnsureResult:
     name = secret_path(target, secret_id)
     manager = clients.secret_manager(target)
-    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"deleting {name}", target.project):
+    with gcp_errors("secretmanager", "roles/secretmanager.admin", f"deleting {name}", target):
         try:
             manager.delete_secret(name=name, retry=GCP_RETRY)
         except gexc.NotFound:
@@ -121,7 +121,7 @@ def delete_bucket(target: GcpTarget, bucket_name: str | None = None) -> EnsureRe
     bucket_name = bucket_name or target.bucket_name
     name = f"gs://{bucket_name}"
     storage = clients.storage(target)
-    with gcp_errors("storage", "roles/storage.admin", f"deleting {name}", target.project):
+    with gcp_errors("storage", "roles/storage.admin", f"deleting {name}", target):
         try:
             bucket = storage.get_bucket(bucket_name)
         except gexc.NotFound:
@@ -149,7 +149,7 @@ def delete_artifact_repository(target: GcpTarget) -> EnsureResult:
     """
     name = repository_path(target)
     registry = clients.artifact_registry(target)
-    with gcp_errors("artifactregistry", "roles/artifactregistry.admin", f"deleting repository {name}", target.project):
+    with gcp_errors("artifactregistry", "roles/artifactregistry.admin", f"deleting repository {name}", target):
         try:
             wait_for(registry.delete_repository(name=name, retry=GCP_RETRY), clients.operation_polling(target))
         except gexc.NotFound:

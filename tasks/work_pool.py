@@ -7,11 +7,15 @@
   is refused with the fix.
 - ``build_worker_image``: this project's ./Dockerfile built by Cloud Build with our build code (content tag,
   skip-if-built, the dedicated build identity), in one attempt on a small machine: nothing is compiled.
+- ``job_size``: the pool's job CPU and timeout for the largest model its deployments stage, from the staging bench's
+  CPU per GiB and a stated network rate.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,6 +40,61 @@ WORKER_IMAGE_NAME = "hf-cloudrun-pipeline"
 # names only the serving and build accounts.
 RUNNER_ACCOUNT_ID = "pipeline-runner"
 CREDENTIALS_BLOCK_TYPE = "gcp-credentials"
+
+
+# Job sizing --------------------------------------------------------------------------------------------------------
+# The stager's own CPU per GiB, from `python -m bench.staging` (README, "Staging": medians 2.20, 1.95 and 1.80 CPU-s
+# per GiB at 1, 4 and 16 GiB; the highest is taken). The bench runs on plain HTTP: HTTPS to the Hub and to Cloud
+# Storage costs more CPU, so the figure is doubled.
+STAGING_CPU_S_PER_GIB = 2.2 * 2
+# What the network gives a job is not published (Cloud Run documents no per-instance bandwidth: bench/README.md), so
+# it is a stated assumption, overridable with `bootstrap gcp --staging-mb-s`.
+DEFAULT_STAGING_MB_S = 100.0
+# Everything in a promotion but the staging, with room: preflight and resolve, the image (pinned; a build runs in
+# Cloud Build, not in the job, but is waited for: up to its own timeout), the deploy with a GPU revision's startup
+# probe window (up to 1,800 s for GPU services), verification, and the watch (10 periods of 60 s plus 180 s of
+# visibility delay per traffic step, a canary adding steps).
+PROMOTION_BUDGET_S = 3 * 3600
+STAGING_MARGIN = 1.5  # a Hub that slows down (429s with Retry-After, seed 001) without the job being stopped
+JOB_CPUS = (2, 4, 8)
+# Cloud Run's minimum memory per CPU ("Configure memory limits": more than 4 CPU needs at least 4 GiB); the stager's
+# peak RSS stays near 210 MiB whatever the model's size (the staging bench), so memory never grows with the model.
+JOB_MEMORY = "4Gi"
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class JobSize:
+    """The pool's job resources for staging ``weights_bytes``, and the figures they come from."""
+
+    cpu: int
+    memory: str
+    timeout_s: int
+    weights_bytes: int
+    staging_mb_s: float  # the rate the staging is planned at: the CPU bound or the network, whichever binds
+    staging_s: float
+
+    def describe(self) -> str:
+        return (
+            f"{self.weights_bytes / 1e9:.1f} GB staged at {self.staging_mb_s:.0f} MB/s in about "
+            f"{self.staging_s / 60:.0f} min: {self.cpu} vCPU, {self.memory}, timeout {self.timeout_s} s"
+        )
+
+
+def job_size(weights_bytes: int, network_mb_s: float = DEFAULT_STAGING_MB_S) -> JobSize:
+    """The smallest job (vCPU) whose CPU-bound staging rate is not below the network's, and a timeout that holds the
+    whole promotion: the staging at the binding rate with a margin, plus ``PROMOTION_BUDGET_S``."""
+    if network_mb_s <= 0:
+        raise ValueError(f"staging rate {network_mb_s} MB/s: give a positive rate")
+
+    def cpu_bound_mb_s(cpus: int) -> float:
+        return cpus / STAGING_CPU_S_PER_GIB * GIB / 1e6
+
+    cpus = next((c for c in JOB_CPUS if cpu_bound_mb_s(c) >= network_mb_s), JOB_CPUS[-1])
+    rate = min(cpu_bound_mb_s(cpus), network_mb_s)
+    staging_s = weights_bytes / 1e6 / rate
+    timeout = PROMOTION_BUDGET_S + math.ceil(staging_s * STAGING_MARGIN / 60) * 60
+    return JobSize(cpus, JOB_MEMORY, timeout, weights_bytes, rate, staging_s)
 
 
 class WorkPoolError(RuntimeError):

@@ -132,3 +132,27 @@ def test_a_bad_key_file_is_refused_naming_the_option(sandbox, capsys, tmp_path, 
     key.write_text(content)
     code, _out, err = bootstrap(sandbox, capsys, "--name", unique("prod"), "--key-file", str(key), "--no-deploy")
     assert code == 2 and "--key-file" in err and problem in err
+
+
+def test_the_pools_jobs_are_sized_for_the_largest_model_file(sandbox, monkeypatch, capsys, prefect_api):
+    """Bootstrap reads each model file's weights on the Hub and sizes the jobs for the largest (tasks/work_pool.py)."""
+    from huggingface_hub import HfApi
+
+    from flows.bootstrap import pool_job_size
+    from flows.project import PROJECT_DIR
+    from tasks.work_pool import job_size
+
+    monkeypatch.setenv("HF_ENDPOINT", sandbox.hub_url)
+    monkeypatch.setenv("HF_TOKEN", sandbox.hub_token)
+    size = pool_job_size(PROJECT_DIR / "deployments" / "sandbox", 100)
+    out = capsys.readouterr().out
+    hub = HfApi(endpoint=sandbox.hub_url, token=sandbox.hub_token)
+    weights = {
+        repo: sum(
+            f.size for f in hub.model_info(repo, files_metadata=True).siblings if f.rfilename.endswith(".safetensors")
+        )
+        for repo in ("sandbox/tiny-chat", "sandbox/tiny-llama")
+    }
+    assert size == job_size(max(weights.values()), 100)
+    assert "tiny-chat.yaml: sandbox/tiny-chat@main" in out and "tiny-llama.yaml: sandbox/tiny-llama@main" in out
+    assert f"jobs: {size.describe()}" in out

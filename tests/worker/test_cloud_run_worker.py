@@ -11,7 +11,14 @@ from uuid import UUID
 import httpx
 import pytest
 from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    FlowRunFilter,
+    FlowRunFilterId,
+    LogFilter,
+    LogFilterFlowRunId,
+)
 from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import ArtifactSort
 
@@ -25,11 +32,13 @@ PREFECT = str(Path(sys.executable).parent / "prefect")
 RUN_TIMEOUT_S = 1200  # a promotion in a job: image pull, flow start-up, staging, deploy, probe, watch; a busy host
 
 
-def deployment_run(env: dict[str, str], name: str, *params: str) -> UUID:
-    """`prefect deployment run NAME -p ...`, as typed; the new flow run's id."""
+def deployment_run(env: dict[str, str], name: str, *params: str, job_variables: tuple[str, ...] = ()) -> UUID:
+    """`prefect deployment run NAME -p ... [--job-variable k=v]`, as typed; the new flow run's id."""
     args = [PREFECT, "deployment", "run", name]
     for param in params:
         args += ["-p", param]
+    for variable in job_variables:
+        args += ["--job-variable", variable]
     out = run_command(args, env).stdout
     found = re.search(r"UUID: ([0-9a-f-]{36})", out)
     assert found, out
@@ -83,6 +92,7 @@ def test_promote_model_runs_as_a_cloud_run_job_and_the_service_answers(
     run = finished(prefect, flow_run_id)
     logs = run_logs(prefect, flow_run_id)
     assert run.state_name == "Completed", f"{run.state}\n{logs[-6000:]}\n{worker.read_text()[-6000:]}"
+
     # The worker's own calls, through https://run.googleapis.com (the TLS face), each held to run.v2's schema.
     # The worker cleans up once it sees the execution complete (it polls every 5 s): the job is deleted last.
     def cleaned_up() -> list[str] | None:
@@ -112,3 +122,190 @@ def test_promote_model_runs_as_a_cloud_run_job_and_the_service_answers(
     )
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"]
+
+
+def started_jobs(sandbox: SandboxHandle, since: int) -> list[str]:
+    """The jobs the worker ran (jobs.run answered 200) since ``since``."""
+    return [r["path"].rsplit("/", 1)[1].removesuffix(":run") for r in sandbox.requests("control", since=since)
+            if r["method"] == "POST" and r["path"].endswith(":run") and r.get("status") == 200]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_refused_promotion_fails_the_run_and_its_report_lists_the_findings(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    """seed 000's failure (the generic vllm-openai image on an L4) and a name Cloud Run refuses, through a job."""
+    flow_run_id = deployment_run(
+        prefect, "promote-model/promote", "model=sandbox/tiny-chat", "spec_file=deployments/sandbox/tiny-chat.yaml",
+        "token_secret_block=hf-token", "image=vllm/vllm-openai:v0.33.0", "service=tiny_chat_v2",
+    )  # fmt: skip
+    run = finished(prefect, flow_run_id)
+    assert run.state_name == "Failed", run.state
+    # Every finding, each with its fix, in the run's state (the UI's run page); `prefect flow-run execute` exits 0
+    # after reporting that state itself, so the job succeeded and the worker had nothing to add.
+    findings = [line for line in (run.state.message or "").splitlines() if line.startswith("- error: ")]
+    assert any("image" in f and "CUDA" in f for f in findings), run.state.message
+    assert any(f.startswith("- error: service") for f in findings), run.state.message
+
+
+@pytest.mark.slow
+def test_a_runner_without_a_deployer_role_fails_naming_the_permission_and_the_grant(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    member = f"serviceAccount:{pipeline.runner}"
+    sandbox.set_caller_roles([r for r in pipeline.roles if r != "roles/compute.networkAdmin"], member=member)
+    try:
+        flow_run_id = deployment_run(
+            prefect, "promote-model/promote", "model=sandbox/tiny-chat", "spec_file=deployments/sandbox/tiny-chat.yaml",
+            "token_secret_block=hf-token",
+        )  # fmt: skip
+        run = finished(prefect, flow_run_id)
+    finally:
+        sandbox.set_caller_roles(list(pipeline.roles), member=member)
+    assert run.state_name == "Failed", run.state
+    message = f"{run.state.message}\n{run_logs(prefect, flow_run_id)}"
+    assert "compute.networks.get" in message and "roles/compute.networkAdmin" in message, message[-4000:]
+    assert pipeline.runner in message, message[-4000:]  # who lacks it: the pool's identity, not whoever looks
+
+
+@pytest.mark.slow
+def test_a_staging_longer_than_the_jobs_timeout_is_stopped_and_the_run_crashes(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    # The Hub's CDN sends 64 KiB every 5 s: the staging (4 MB) cannot finish within the job's 40 s.
+    sandbox.add_fault("cdn", action="slow", delay_s=5)
+    since = sandbox.last_request_seq()
+    try:
+        flow_run_id = deployment_run(
+            prefect, "promote-model/promote", "model=sandbox/tiny-chat", "revision=dev", "service=slow-chat",
+            "token_secret_block=hf-token", "target=sandbox", job_variables=("timeout=40",),
+        )  # fmt: skip
+        run = finished(prefect, flow_run_id)
+    finally:
+        sandbox.clear_faults("cdn")
+    assert run.state_name == "Crashed", run.state
+    assert len(started_jobs(sandbox, since)) == 1
+    logs = run_logs(prefect, flow_run_id)
+    assert "The configured timeout was reached." in logs, logs[-4000:]
+
+
+def delete_job_mid_run(sandbox: SandboxHandle, job: str) -> None:
+    """What kill_infrastructure does (prefect-gcp's JobV2.delete): delete each execution, then the job."""
+    session = httpx.Client(base_url=sandbox.control_url, timeout=60)
+    listed = session.get(f"{job}/executions").json().get("executions", [])
+    for execution in listed:
+        session.delete(f"/v2/{execution['name']}").raise_for_status()
+    session.delete(job).raise_for_status()
+
+
+@pytest.mark.slow
+def test_a_job_killed_mid_run_crashes_the_run_and_the_next_run_finishes_the_promotion(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    params = ("model=sandbox/tiny-chat", "revision=v1.0", "service=killed-chat", "token_secret_block=hf-token",
+              "target=sandbox", "profile=l4")  # fmt: skip
+    sandbox.add_fault("cdn", action="slow", delay_s=5)  # a slow staging: the kill lands mid-run
+    since = sandbox.last_request_seq()
+    try:
+        flow_run_id = deployment_run(prefect, "promote-model/promote", *params)
+        [job] = wait_until(lambda: started_jobs(sandbox, since), 600, "the job's execution to start")
+        wait_until(lambda: "staging" in run_logs(prefect, flow_run_id), 600, "the staging to start")
+        delete_job_mid_run(sandbox, f"/v2/projects/sandbox-project/locations/us-central1/jobs/{job}")
+        killed = finished(prefect, flow_run_id)
+    finally:
+        sandbox.clear_faults("cdn")
+    assert killed.state_name == "Crashed", f"{killed.state}\n{run_logs(prefect, flow_run_id)[-3000:]}"
+    # Why, in the run's logs: the worker's next executions.get was a 404 (its log lines arrive in batches).
+    wait_until(lambda: "was deleted" in run_logs(prefect, flow_run_id), 120, "the worker's account of the kill")
+    # The lock the killed run held expires with its lease; the same promotion then completes (resumed staging).
+    again = finished(prefect, deployment_run(prefect, "promote-model/promote", *params))
+    assert again.state_name == "Completed", f"{again.state}\n{run_logs(prefect, again.id)[-4000:]}"
+    assert "killed-chat: promoted" in report(prefect, "killed-chat")
+
+
+@pytest.mark.slow
+def test_a_run_cancelled_mid_run_stops_its_job(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    """`prefect flow-run cancel` on a running flow: the flow in the job cancels itself (Prefect 3.9's workers kill
+    only pending runs' infrastructure); the execution ends and the worker deletes the job."""
+    sandbox.add_fault("cdn", action="slow", delay_s=5)
+    since = sandbox.last_request_seq()
+    try:
+        flow_run_id = deployment_run(
+            prefect, "promote-model/promote", "model=sandbox/tiny-chat", "revision=dev", "service=cancelled-chat",
+            "token_secret_block=hf-token", "target=sandbox",
+        )  # fmt: skip
+        [job] = wait_until(lambda: started_jobs(sandbox, since), 600, "the job's execution to start")
+        wait_until(lambda: "staging" in run_logs(prefect, flow_run_id), 600, "the staging to start")
+        run_command([PREFECT, "flow-run", "cancel", str(flow_run_id)], prefect)
+        cancelled = finished(prefect, flow_run_id)
+    finally:
+        sandbox.clear_faults("cdn")
+    assert cancelled.state_name == "Cancelled", cancelled.state
+    path = f"/v2/projects/sandbox-project/locations/us-central1/jobs/{job}"
+    wait_until(lambda: httpx.get(f"{sandbox.control_url}{path}", timeout=30).status_code == 404, 120, "the job gone")
+
+
+@pytest.mark.slow
+def test_promotions_run_as_jobs_side_by_side_and_one_service_serializes(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    since = sandbox.last_request_seq()
+    common = ("model=sandbox/tiny-chat", "token_secret_block=hf-token", "target=sandbox", "profile=l4")
+    runs = [
+        deployment_run(prefect, "promote-model/promote", *common, "service=side-a"),
+        deployment_run(prefect, "promote-model/promote", *common, "service=side-b"),
+        deployment_run(prefect, "promote-model/promote", *common, "service=side-b"),
+    ]
+    states = [finished(prefect, run) for run in runs]
+    assert [s.state_name for s in states] == ["Completed"] * 3, [s.state for s in states]
+    started = started_jobs(sandbox, since)
+    assert len(started) == 3, started
+    # Side by side: the sandbox ran the jobs' tasks at the same time (their executions overlap in time).
+    windows = job_windows(sandbox, since)
+    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(windows) for b in windows[i + 1 :]), windows
+    # One service: the two promotions of side-b held its lock (flows/common.py) one after the other: the task runs
+    # each ran under it (all but hf_resolve_model, which runs before the lock is taken) do not interleave.
+    first, second = sorted(locked_window(prefect, run) for run in runs[1:])
+    assert first[1] <= second[0], (first, second)
+
+
+def locked_window(env: dict[str, str], flow_run_id: UUID) -> tuple[float, float]:
+    """From the first task run under the service lock to the end of the last."""
+    with SyncPrefectClient(api=env["PREFECT_API_URL"]) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    locked = [r for r in runs if not r.name.startswith("hf_resolve_model") and r.start_time and r.end_time]
+    assert locked, [r.name for r in runs]
+    return min(r.start_time.timestamp() for r in locked), max(r.end_time.timestamp() for r in locked)
+
+
+def job_windows(sandbox: SandboxHandle, since: int) -> list[tuple[float, float]]:
+    """(jobs.run, deletion) request times of each job the worker ran since ``since``."""
+    started = set(started_jobs(sandbox, since))
+    spans: dict[str, list[float]] = {}
+    for request in sandbox.requests("control", since=since):
+        if "/jobs/" in request["path"]:
+            job = request["path"].split("/jobs/")[1].split("/")[0].split(":")[0]
+            if job in started:
+                spans.setdefault(job, []).append(request["time"])
+    return [(min(times), max(times)) for times in spans.values()]
+
+
+@pytest.mark.slow
+def test_the_pools_concurrency_limit_holds_runs_back(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    run_command([PREFECT, "work-pool", "set-concurrency-limit", pipeline.pool, "1"], prefect)
+    since = sandbox.last_request_seq()
+    try:
+        common = ("model=sandbox/tiny-chat", "token_secret_block=hf-token", "target=sandbox", "profile=l4")
+        runs = [deployment_run(prefect, "promote-model/promote", *common, f"service=limited-{i}") for i in range(2)]
+        states = [finished(prefect, run) for run in runs]
+    finally:
+        run_command([PREFECT, "work-pool", "clear-concurrency-limit", pipeline.pool], prefect)
+    assert [s.state_name for s in states] == ["Completed"] * 2, [s.state for s in states]
+    assert len(started_jobs(sandbox, since)) == 2
+    # One at a time: the worker submitted the second run only when the first had finished (it freed the slot).
+    first, second = sorted((s.start_time, s.end_time) for s in states)
+    assert first[1] <= second[0], (first, second)
