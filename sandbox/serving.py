@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import socket
 import sys
@@ -42,6 +43,21 @@ def die_with_parent() -> None:
     sandbox or test that started it (prctl PR_SET_PDEATHSIG, kept across execve)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+async def stop_process_group(process: asyncio.subprocess.Process, grace_s: float) -> None:
+    """Stop a container as Cloud Run does: SIGTERM to its process group, SIGKILL ``grace_s`` later. The whole group
+    goes (what the main process started too), and only right after the stop, while the group id cannot have been
+    given to another process."""
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(process.wait()), timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    await process.wait()
 
 
 def free_port() -> int:

@@ -92,6 +92,11 @@ def resource_policy(ctx: ControlContext, resource: str) -> dict | None:
         name = f"projects/{ctx.config.project}/locations/{parts[3]}/services/{parts[5]}"
         record = run.services.get(name) if run is not None else None
         return record.policy if record is not None else None
+    if len(parts) >= 6 and parts[2] == "locations" and parts[4] == "jobs":  # a job and its executions and tasks
+        run = ctx.module("run")
+        name = f"projects/{ctx.config.project}/locations/{parts[3]}/jobs/{parts[5].split(':')[0]}"
+        job = run.jobs.jobs.get(name) if run is not None else None
+        return job.policy if job is not None else None
     if len(parts) >= 6 and parts[2] == "locations" and parts[4] == "repositories":
         registry = ctx.module("artifactregistry")
         if registry is None:

@@ -15,7 +15,6 @@ import re
 import time
 from urllib.parse import parse_qs, urlparse
 
-import google.auth.transport.requests
 import httpx
 import pytest
 from google.api_core import exceptions
@@ -202,17 +201,8 @@ def test_the_task_env_has_the_jobs_secrets_and_identity(sb, sandbox, locations, 
 
 def test_a_keys_token_acts_as_its_account_and_is_refused_what_it_lacks(sb, sandbox, sandbox_target, iam_propagated):
     """A key from IAM's keys.create gets a token at the key's token_uri; the APIs then judge that account."""
-    from tasks import infra
-
-    email = f"keyed-{next(_ids)}@{sandbox_target.project}.iam.gserviceaccount.com"
-    infra.get_or_create_service_account(sandbox_target, email.split("@")[0], email, "keyed", "tests")
-    session = google.auth.transport.requests.AuthorizedSession(AnonymousCredentials())
-    made = session.post(f"{sandbox.info['control_url']}/v1/projects/-/serviceAccounts/{email}/keys", json={}).json()
-    key = json.loads(base64.b64decode(made["privateKeyData"]))
-    assert key["client_email"] == email and key["token_uri"].endswith("/token")
-    credentials = service_account.Credentials.from_service_account_info(
-        key, scopes=["https://www.googleapis.com/auth/cloud-platform"]
-    )
+    email, credentials, key = keyed_account(sandbox, sandbox_target, "keyed")
+    assert key["client_email"] == email and key["token_uri"] == f"{sandbox.info['control_url']}/token"
     # The worker's client refreshes a token at the key's token_uri; the GAPIC client sends a self-signed JWT instead.
     worker_client = (
         discovery.build(
@@ -254,3 +244,51 @@ def test_the_jobs_client_sees_the_same_jobs(sandbox_target, locations, parent):
     assert got.terminal_condition.state == run_v2.Condition.State.CONDITION_SUCCEEDED
     assert got.template.template.max_retries == 0 and got.template.task_count == 1
     assert got.template.template.timeout.total_seconds() == 600  # Cloud Run's default task timeout
+
+
+def keyed_account(sandbox, sandbox_target, name: str) -> tuple[str, service_account.Credentials, dict]:
+    """A new service account with a key from IAM's keys.create: its email, credentials, and the key file."""
+    from tasks import infra
+
+    email = f"{name}-{next(_ids)}@{sandbox_target.project}.iam.gserviceaccount.com"
+    infra.get_or_create_service_account(sandbox_target, email.split("@")[0], email, name, "tests")
+    made = httpx.post(f"{sandbox.info['control_url']}/v1/projects/-/serviceAccounts/{email}/keys", json={}, timeout=30)
+    key = json.loads(base64.b64decode(made.json()["privateKeyData"]))
+    scopes = ["https://www.googleapis.com/auth/cloud-platform"]
+    return email, service_account.Credentials.from_service_account_info(key, scopes=scopes), key
+
+
+def test_a_jobs_own_policy_lets_an_account_run_it(sb, sandbox, sandbox_target, locations, parent, iam_propagated):
+    email, credentials, _ = keyed_account(sandbox, sandbox_target, "runs-one-job")
+    theirs = (
+        discovery.build(
+            "run", "v2", credentials=credentials, client_options=ClientOptions(api_endpoint=sandbox.info["control_url"])
+        )
+        .projects()
+        .locations()
+    )
+    job = create(locations, parent, python_job("print('ran')"))
+    with pytest.raises(HttpError, match=re.escape("Permission 'run.jobs.run' denied")):
+        theirs.jobs().run(name=job, body={}).execute()
+    policy = locations.jobs().getIamPolicy(resource=job).execute()
+    policy["bindings"] = [{"role": "roles/run.invoker", "members": [f"serviceAccount:{email}"]}]
+    locations.jobs().setIamPolicy(resource=job, body={"policy": policy}).execute()
+    assert theirs.jobs().run(name=job, body={}).execute()["metadata"]["name"].startswith(f"{job}/executions/")
+    other = create(locations, parent, python_job("print('not yours')"))
+    with pytest.raises(HttpError, match=re.escape("Permission 'run.jobs.run' denied")):
+        theirs.jobs().run(name=other, body={}).execute()  # the grant is on that one job only
+
+
+def test_a_keys_id_token_names_its_account_for_the_audience(sb, sandbox, sandbox_target, iam_propagated):
+    """What the product's verify step sends a private service from a key (clients.identity_token)."""
+    from google.auth import jwt
+    from prefect_gcp import GcpCredentials
+
+    email, _, key = keyed_account(sandbox, sandbox_target, "id-tokens")
+    target = sandbox_target.model_copy(
+        update={"anonymous_credentials": False, "gcp_credentials": GcpCredentials(service_account_info=key)}
+    )
+    audience = "https://some-service-123456789012.us-central1.run.app"
+    claims = jwt.decode(clients.identity_token(target, audience).get_secret_value(), verify=False)
+    assert (claims["email"], claims["aud"]) == (email, audience)
+    assert clients.principal(target) == f"serviceAccount:{email}"

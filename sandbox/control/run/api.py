@@ -8,8 +8,6 @@ ready, or fails with Cloud Run's message while traffic stays on the last serving
 from __future__ import annotations
 
 import asyncio
-import base64
-import secrets
 import shutil
 import time
 import uuid
@@ -24,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from sandbox import authz
 from sandbox.authz import has_permission
 from sandbox.control import ControlContext
 from sandbox.control.cloudbuild.image_config import plan_launch
@@ -39,6 +36,7 @@ from sandbox.control.run.dependencies import (
 )
 from sandbox.control.run.egress import Internet
 from sandbox.control.run.frontend import FrontEnd, Routing
+from sandbox.control.run.iam_policy import new_policy, post_policy_method
 from sandbox.control.run.images import DRIVERS, image_behaviour
 from sandbox.control.run.instances import Instance, InstanceSpec
 from sandbox.control.run.jobs import CloudRunJobs
@@ -82,7 +80,7 @@ class ServiceRecord:
     routes: list[tuple[str, int]] = field(default_factory=list)
     tag_routes: dict[str, str] = field(default_factory=dict)
     frontends: dict[str, ServedApp] = field(default_factory=dict)  # "" = the service URL, else the tag
-    policy: dict = field(default_factory=lambda: {"version": 1, "etag": "ACAB", "bindings": []})
+    policy: dict = field(default_factory=new_policy)
     next_generation: int = 1
     pending_faults: list[dict] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -244,35 +242,7 @@ class CloudRun:
     async def service_post_iam(self, request: Request) -> Response:
         service_id, _, verb = request.path_params["service"].partition(":")
         record = self._record(request, service_id)
-        body = await request.json()
-        if verb == "setIamPolicy":
-            policy = body.get("policy", {})
-            if policy.get("etag") and policy["etag"] != record.policy["etag"]:
-                raise GoogleApiError(
-                    409,
-                    "There were concurrent policy changes. Please retry the whole read-modify-write with "
-                    "exponential backoff.",
-                    "ABORTED",
-                )
-            iam = self.ctx.module("iam")
-            for binding in policy.get("bindings", []):
-                for member in binding.get("members", []):
-                    # A new account is unknown here until IAM has propagated it (sandbox/control/iam, visible()).
-                    missing = iam.missing_account(member) if iam and member.startswith("serviceAccount:") else None
-                    if missing:
-                        raise invalid_argument(missing)
-            record.policy = {
-                "version": policy.get("version", 1),
-                "etag": base64.b64encode(secrets.token_bytes(8)).decode(),
-                "bindings": [b for b in policy.get("bindings", []) if b.get("members")],
-            }
-            return JSONResponse(record.policy)
-        if verb == "testIamPermissions":
-            # What the caller holds on this service, through the project's policy and the service's own.
-            caller = authz.caller(self.ctx, request.scope)
-            held = authz.held_permissions(self.ctx, caller, list(body.get("permissions") or []), record.service.name)
-            return JSONResponse({"permissions": held} if held else {})
-        raise not_found(f"Method '{verb}' not found.")
+        return await post_policy_method(self.ctx, request, verb, record, record.service.name)
 
     async def delete_service(self, request: Request) -> JSONResponse:
         parent = self._location(request)

@@ -47,6 +47,21 @@ def service_account_of(ctx: ControlContext, template: run_v2.RevisionTemplate) -
     return iam.compute_default_email if iam is not None else ""
 
 
+def check_account_visible(ctx: ControlContext, account: str) -> None:
+    """Cloud Run checks the deployer's iam.serviceaccounts.actAs on the account a revision or a job runs as; for an
+    account IAM cannot see (missing, or created moments ago and not yet propagated) that check fails the same way,
+    with "(or it may not exist)" (google/keyword_factory issue 22, GoogleCloudPlatform/cloud-run-release-manager
+    issue 81, dora-team/fourkeys issue 459; terraform-provider-google issue 16350: a v2 service naming a new account
+    fails the first apply and succeeds the second)."""
+    iam = ctx.module("iam")
+    if account and iam is not None and not iam.visible(account):
+        raise GoogleApiError(
+            403,
+            f"Permission 'iam.serviceaccounts.actAs' denied on service account {account} (or it may not exist).",
+            reason="forbidden",
+        )
+
+
 def check_dependencies(ctx: ControlContext, spec: run_v2.Service, region: str) -> None:
     template = spec.template
     for index, container in enumerate(template.containers):
@@ -55,19 +70,7 @@ def check_dependencies(ctx: ControlContext, spec: run_v2.Service, region: str) -
                 f"spec.template.spec.containers[{index}].image: Image '{container.image}' not found. Make sure the "
                 "image exists and that the service agent can pull it."
             )
-    iam = ctx.module("iam")
-    if template.service_account and iam is not None and not iam.visible(template.service_account):
-        # Cloud Run checks the deployer's iam.serviceaccounts.actAs on the revision's account; for an account
-        # IAM cannot see (missing, or created moments ago and not yet propagated) that check fails the same way,
-        # with "(or it may not exist)" (google/keyword_factory issue 22, GoogleCloudPlatform/cloud-run-release-
-        # manager issue 81, dora-team/fourkeys issue 459; terraform-provider-google issue 16350: a v2 service
-        # naming a new account fails the first apply and succeeds the second).
-        raise GoogleApiError(
-            403,
-            f"Permission 'iam.serviceaccounts.actAs' denied on service account {template.service_account} (or it "
-            "may not exist).",
-            reason="forbidden",
-        )
+    check_account_visible(ctx, template.service_account)
     compute = ctx.module("compute")
     if compute is None:
         return

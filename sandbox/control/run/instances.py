@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from sandbox.serving import LOOPBACK, free_port
+from sandbox.serving import LOOPBACK, free_port, stop_process_group
 from sandbox.vllm.timing import PublishedClock
 
 # Real timeouts are not shrunk below this: host scheduling noise on a busy 2-core machine is not simulated time.
@@ -277,19 +276,9 @@ class Instance:
                 self.scratch = None
 
     async def _stop_process(self) -> None:
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(process.wait(), timeout=5)
-        # The container stops as a whole: what its main process started (the real engine's EngineCore child, which
-        # may hold the listening socket it inherited) goes with it. Only right after the stop, while the group id
-        # cannot have been given to another process.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
+        # The real engine's EngineCore child may hold the listening socket it inherited: the whole group goes.
+        if self.process is not None:
+            await stop_process_group(self.process, 5)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

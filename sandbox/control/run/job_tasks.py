@@ -14,14 +14,12 @@ for jobs": "the task is stopped"); SIGTERM first with a grace period, as Cloud R
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.serving import die_with_parent
+from sandbox.serving import die_with_parent, stop_process_group
 
 PASSTHROUGH_ENV = ("LANG", "LC_ALL", "SYSTEMROOT", "TZ")
 STOP_GRACE_S = 10.0  # Cloud Run sends SIGTERM, then SIGKILL 10 seconds later (container runtime contract)
@@ -95,13 +93,5 @@ class TaskAttempt:
     async def stop(self) -> None:
         """SIGTERM to the container's processes, SIGKILL after the grace period."""
         self._stopped = True
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(process.wait()), timeout=STOP_GRACE_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
+        if self.process is not None:
+            await stop_process_group(self.process, STOP_GRACE_S)

@@ -44,7 +44,14 @@ from starlette.routing import BaseRoute, Route
 from sandbox.control.cloudbuild.image_config import HOST_ONLY_ENV, ImageConfig
 from sandbox.control.errors import GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.run import resources as res
-from sandbox.control.run.dependencies import RevisionStartError, container_env, resolve_image, service_account_of
+from sandbox.control.run.dependencies import (
+    RevisionStartError,
+    check_account_visible,
+    container_env,
+    resolve_image,
+    service_account_of,
+)
+from sandbox.control.run.iam_policy import new_policy, post_policy_method
 from sandbox.control.run.job_tasks import AttemptResult, AttemptSpec, TaskAttempt
 from sandbox.control.run.validation import has_field
 from sandbox.metadata import RequireFlavor, build_metadata_app
@@ -95,7 +102,7 @@ class JobRecord:
     job_id: str
     job: run_v2.Job
     executions: dict[str, ExecutionRecord] = field(default_factory=dict)  # by full name, oldest first
-    policy: dict = field(default_factory=lambda: {"version": 1, "etag": "ACAB", "bindings": []})
+    policy: dict = field(default_factory=new_policy)
 
 
 def check_job_id(job_id: str) -> None:
@@ -332,15 +339,7 @@ class CloudRunJobs:
             raise invalid_argument("job.template: taskCount and parallelism cannot be negative")
         if has_field(task, "timeout") and not 0 < task.timeout.total_seconds() <= 168 * 3600:
             raise invalid_argument("job.template.template.timeout: must be between 1 second and 168 hours")
-        iam = self.ctx.module("iam")
-        if task.service_account and iam is not None and not iam.visible(task.service_account):
-            # As for a revision (dependencies.check_dependencies): an account IAM cannot see fails the actAs check.
-            raise GoogleApiError(
-                403,
-                f"Permission 'iam.serviceaccounts.actAs' denied on service account {task.service_account} (or it may "
-                "not exist).",
-                reason="forbidden",
-            )
+        check_account_visible(self.ctx, task.service_account)  # as for a revision
 
     async def job_get_or_iam(self, request: Request) -> Response:
         job_id, _, verb = request.path_params["job"].partition(":")
@@ -356,18 +355,7 @@ class CloudRunJobs:
         record = self._job(request, job_id)
         if verb == "run":
             return await self._run(request, record)
-        if verb == "setIamPolicy":
-            body = await request.json()
-            record.policy = {**body.get("policy", {}), "etag": res.etag_of(record.job)}
-            return JSONResponse(record.policy)
-        if verb == "testIamPermissions":
-            from sandbox import authz
-
-            body = await request.json()
-            asked = list(body.get("permissions") or [])
-            held = authz.held_permissions(self.ctx, authz.caller(self.ctx, request.scope), asked, record.job.name)
-            return JSONResponse({"permissions": held} if held else {})
-        raise not_found(f"Method '{verb or 'POST'}' not found.")
+        return await post_policy_method(self.ctx, request, verb, record, record.job.name)
 
     async def delete_job(self, request: Request) -> JSONResponse:
         parent = self.run._location(request)
