@@ -699,3 +699,22 @@ def test_the_seeds_cpu_build_without_git_or_buildkit_fails_as_reported():
     assert classic.status == "FAILURE"
     assert classic.lines[-1].startswith("the --mount option requires BuildKit.")
     assert "Step 2/" in classic.lines[-2]  # the first RUN --mount stops the classic builder
+
+
+def test_a_built_image_keeps_its_final_stages_workdir_where_a_job_starts():
+    """Docker's WORKDIR, relative ones joined and inherited through FROM a stage; a Cloud Run job's task starts there
+    (sandbox/control/run/jobs.py): the worker image runs `prefect flow-run execute` in /opt/hf-cloudrun-pipeline."""
+    dockerfile = "FROM python:3.11 AS base\nWORKDIR /opt\nFROM base AS app\nWORKDIR project\nCOPY . .\n"
+    request = BuildRequest(
+        command=parse_build(["-t", "us-central1-docker.pkg.dev/p/r/app:v1", "."]),
+        workspace=Workspace.from_archive(archive({"Dockerfile": dockerfile, "main.py": "print()\n"})),
+        step_dir="",
+        env={"DOCKER_BUILDKIT": "1"},
+        buildkit=True,
+        machine=MACHINES["E2_HIGHCPU_32"],
+        memory_per_job_gb=2.5,
+        build_seconds=1,
+    )
+    outcome = simulate_build(request)
+    assert outcome.status == "SUCCESS" and outcome.config is not None
+    assert outcome.config.workdir == "/opt/project"
