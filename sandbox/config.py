@@ -81,6 +81,13 @@ class SandboxConfig(BaseModel):
         "timeSeries.list (Google's metrics list for run.googleapis.com: 'Sampled every 60 seconds. After sampling, "
         "data is not visible for up to 180 seconds.')",
     )
+    job_start_seconds: float = Field(
+        30,
+        ge=0,
+        description="simulated seconds from jobs.run to a Cloud Run job's first task starting (provisioning, image "
+        "import): real executions report 'Started deployed execution in 56.03s' to '... in 2m29.63s' (gcloud "
+        "executions describe in public reports); until then the execution is pending and cancelling it runs nothing",
+    )
     iam_propagation_seconds: float = Field(
         60,
         ge=0,

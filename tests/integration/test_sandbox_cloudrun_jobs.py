@@ -292,3 +292,21 @@ def test_a_keys_id_token_names_its_account_for_the_audience(sb, sandbox, sandbox
     claims = jwt.decode(clients.identity_token(target, audience).get_secret_value(), verify=False)
     assert (claims["email"], claims["aud"]) == (email, audience)
     assert clients.principal(target) == f"serviceAccount:{email}"
+
+
+def test_an_execution_cancelled_while_pending_runs_nothing(sandbox, locations, parent):
+    """Until its first task starts (provisioning: job_start_seconds) an execution is pending; cancelled then, no
+    task ever runs and every one counts as cancelled."""
+    from tests.support.sandbox_config import config_setter
+
+    with config_setter(sandbox, "job_start_seconds") as start_after:
+        start_after(60_000)  # 10 real minutes at the sandbox's clock: far beyond this test
+        job = create(locations, parent, python_job("print('should never run')", taskCount=2))
+        name = locations.jobs().run(name=job, body={}).execute()["metadata"]["name"]
+        pending = locations.jobs().executions().get(name=name).execute()
+        assert [c["type"] for c in pending["conditions"]] == ["Completed"] and "startTime" not in pending
+        locations.jobs().executions().cancel(name=name, body={}).execute()
+    execution = locations.jobs().executions().get(name=name).execute()
+    assert execution["cancelledCount"] == 2 and "startTime" not in execution
+    assert completed(execution)["message"] == "Cancelled by user."
+    assert logs(sandbox, execution) == ""

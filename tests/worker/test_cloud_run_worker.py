@@ -309,3 +309,32 @@ def test_the_pools_concurrency_limit_holds_runs_back(
     # One at a time: the worker submitted the second run only when the first had finished (it freed the slot).
     first, second = sorted((s.start_time, s.end_time) for s in states)
     assert first[1] <= second[0], (first, second)
+
+
+@pytest.mark.slow
+def test_a_run_cancelled_while_its_job_is_pending_is_killed_by_the_worker(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
+):
+    """kill_infrastructure for real: Prefect 3.9's worker kills the infrastructure of runs cancelled while still
+    pending (PREFECT_WORKER_ENABLE_CANCELLATION, on for this worker); here the job is provisioning."""
+    before = sandbox.configure()["job_start_seconds"]
+    sandbox.configure(job_start_seconds=60_000)  # 10 real minutes: the cancel lands while the job is pending
+    since = sandbox.last_request_seq()
+    try:
+        flow_run_id = deployment_run(
+            prefect, "promote-model/promote", "model=sandbox/tiny-chat", "service=pending-chat",
+            "token_secret_block=hf-token", "target=sandbox",
+        )  # fmt: skip
+        [job] = wait_until(lambda: started_jobs(sandbox, since), 600, "the job's execution to be submitted")
+        run_command([PREFECT, "flow-run", "cancel", str(flow_run_id)], prefect)
+        cancelled = finished(prefect, flow_run_id)
+    finally:
+        sandbox.configure(job_start_seconds=before)
+    assert cancelled.state_name == "Cancelled", cancelled.state
+
+    def deleted() -> list[str]:
+        return [r["path"] for r in sandbox.requests("control", since=since) if r["method"] == "DELETE"]
+
+    # JobV2.delete: the executions first, then (3 s later, prefect-gcp's own pause) the job.
+    wait_until(lambda: any(path.endswith(f"/jobs/{job}") for path in deleted()), 120, "the job's deletion")
+    assert any(f"/jobs/{job}/executions/" in path for path in deleted()), deleted()

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import re
 import secrets
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +90,7 @@ class ExecutionRecord:
     runner: asyncio.Task | None = None
     metadata: ServedApp | None = None
     stopping: str = ""  # "cancelled" or "deleted" once asked to stop
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def running(self) -> bool:
@@ -469,17 +469,24 @@ class CloudRunJobs:
         execution = ex.execution
         failure, reason = "", None
         try:
+            # Provisioning: the execution stays pending (only Completed, pending) until its first task starts.
+            delay = self.ctx.config.job_start_seconds * self.ctx.config.time_scale
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ex.stop_requested.wait(), timeout=delay)
+            if ex.stopping:
+                execution.cancelled_count = execution.task_count  # no task ever started
+                self._finish(record, ex, "Cancelled by user.", Reason.CANCELLED)
+                return
             account = execution.template.service_account
             ex.metadata = await serve_app(
                 RequireFlavor(build_metadata_app(self.ctx.config, self.ctx.identity, account=account)),
                 f"metadata:{execution.name.rsplit('/', 1)[1]}",
             )
-            provisioned = time.monotonic()
             execution.conditions = [
                 res.condition("Completed", State.CONDITION_PENDING, "Waiting for execution to complete."),
                 res.condition("ResourcesAvailable", State.CONDITION_SUCCEEDED, "Provisioned imported containers."),
                 res.condition("Started", State.CONDITION_SUCCEEDED,
-                              f"Started deployed execution in {go_duration(time.monotonic() - provisioned)}."),
+                              f"Started deployed execution in {go_duration(self.ctx.config.job_start_seconds)}."),
             ]  # fmt: skip
             execution.start_time = res.now()
             slots = asyncio.Semaphore(execution.parallelism)
@@ -617,6 +624,7 @@ class CloudRunJobs:
         if not ex.running:
             return
         ex.stopping = why
+        ex.stop_requested.set()
         await asyncio.gather(*(t.attempt.stop() for t in ex.tasks if t.attempt is not None))
         if ex.runner is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
