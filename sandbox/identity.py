@@ -122,6 +122,14 @@ class ServiceAccountKey:
     public_pem: str
 
 
+# Google's token endpoint's words (invalid_grant) for an assertion it cannot read as a valid, current JWT, as
+# googleapis/google-api-php-client issues 1429 and 1501 and fastlane issue 14972 quote them.
+NOT_A_JWT = (
+    "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable timeframe. Check your iat and "
+    "exp values and use a clock with skew to account for clock differences between systems."
+)
+
+
 class ServiceAccountKeys:
     """Keys made by IAM's ``serviceAccounts.keys.create``, for the token endpoint's JWT-bearer grant."""
 
@@ -152,7 +160,7 @@ class ServiceAccountKeys:
         try:
             header = jwt.decode_header(assertion)
         except (ValueError, exceptions.GoogleAuthError):
-            raise ValueError("Invalid JWT: Token must be a short-lived token and in a reasonable timeframe") from None
+            raise ValueError(NOT_A_JWT) from None
         key = self.keys.get(str(header.get("kid", "")))
         if key is None:
             raise ValueError("Invalid JWT Signature.")
@@ -161,5 +169,5 @@ class ServiceAccountKeys:
         except (exceptions.GoogleAuthError, ValueError):
             raise ValueError("Invalid JWT Signature.") from None
         if payload.get("iss") != key.email:
-            raise ValueError("Invalid JWT: the issuer is not the key's service account.")
+            raise ValueError("Invalid JWT Signature.")  # the key does not belong to the account it claims
         return payload

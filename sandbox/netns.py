@@ -42,8 +42,7 @@ HOSTS = "/etc/hosts"
 EXIT_RUNNER_FAILED = 125
 EXIT_NOT_FOUND = 127
 
-_ROOT_FLAGS = ("--mount", "--net")
-_USER_FLAGS = ("--user", "--map-root-user", "--mount", "--net")
+MOUNT_AND_NET = ("--mount", "--net")  # the runner's namespaces; the real engine's volume needs --mount alone
 # Stated although it is unshare's default: a mount made inside must never propagate back to the machine.
 _PROPAGATION = ("--propagation", "private")
 
@@ -53,10 +52,11 @@ def in_private_namespace() -> bool:
     return os.environ.get(ENV_FLAG) == "1"
 
 
-def _candidates() -> list[tuple[str, ...]]:
+def _candidates(namespaces: tuple[str, ...]) -> list[tuple[str, ...]]:
     """unshare flag sets to try, best first: root needs no user namespace; a user namespace gives an unprivileged
     caller (or a root without CAP_SYS_ADMIN, as in a default container) root inside it."""
-    return [_ROOT_FLAGS, _USER_FLAGS] if os.geteuid() == 0 else [_USER_FLAGS]
+    with_user = ("--user", "--map-root-user", *namespaces)
+    return [namespaces, with_user] if os.geteuid() == 0 else [with_user]
 
 
 def _userns_hint() -> str | None:
@@ -84,13 +84,13 @@ def _userns_hint() -> str | None:
 
 
 @functools.cache
-def _probe() -> tuple[tuple[str, ...] | None, str | None]:
-    """The unshare flags that work here, or None and the reason none does (tried once per process)."""
-    if shutil.which("unshare") is None:
+def _probe(namespaces: tuple[str, ...]) -> tuple[tuple[str, ...] | None, str | None]:
+    """The unshare flags that make ``namespaces`` here, or None and the reason none do (tried once per process)."""
+    if _unshare() is None:
         return None, "unshare not found (util-linux)"
     reasons: list[str] = []
-    for flags in _candidates():
-        argv = ["unshare", *flags, *_PROPAGATION, "true"]
+    for flags in _candidates(namespaces):
+        argv = [str(_unshare()), *flags, *_PROPAGATION, "true"]
         try:
             result = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -109,21 +109,25 @@ def _probe() -> tuple[tuple[str, ...] | None, str | None]:
     return None, "; ".join(reasons)
 
 
-def namespaces_available() -> str | None:
+def _unshare() -> str | None:
+    return shutil.which("unshare") or next((p for p in ("/usr/bin/unshare", "/bin/unshare") if os.path.exists(p)), None)
+
+
+def namespaces_available(namespaces: tuple[str, ...] = MOUNT_AND_NET) -> str | None:
     """None when this process can make the private namespaces the runner needs, else the reason why not.
 
     The reason is meant for a pytest skip message, e.g. ``unshare --user --map-root-user --mount --net: unshare
     failed: Operation not permitted (user namespaces disabled: sysctl kernel.unprivileged_userns_clone)``.
     """
-    return _probe()[1]
+    return _probe(namespaces)[1]
 
 
-def unshare_argv() -> list[str]:
-    """The ``unshare`` command line prefix that makes the private namespaces here (RuntimeError if none can)."""
-    flags, reason = _probe()
+def unshare_argv(namespaces: tuple[str, ...] = MOUNT_AND_NET) -> list[str]:
+    """The ``unshare`` command line prefix that makes private ``namespaces`` here (RuntimeError if none can)."""
+    flags, reason = _probe(namespaces)
     if flags is None:
         raise RuntimeError(f"no private namespace here: {reason}")
-    return ["unshare", *flags, *_PROPAGATION]
+    return [str(_unshare()), *flags, *_PROPAGATION]
 
 
 def netns_command(command: Sequence[str], hosts_names: Sequence[str] = ()) -> list[str]:

@@ -76,6 +76,13 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _key_usage(**allowed: bool) -> x509.KeyUsage:
+    """A KeyUsage extension allowing only ``allowed`` (every other usage off)."""
+    usages = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
+              "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")  # fmt: skip
+    return x509.KeyUsage(**{usage: allowed.get(usage, False) for usage in usages})
+
+
 def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsMaterial:
     """Make a new CA and a server certificate it signs for ``names`` and 127.0.0.1; write them to ``directory``.
 
@@ -111,17 +118,7 @@ def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsM
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(key_cert_sign=True, crl_sign=True),
             critical=True,
         )
         .add_extension(ca_ski, critical=False)
@@ -146,17 +143,7 @@ def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsM
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(digital_signature=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf_key.public_key()), critical=False)

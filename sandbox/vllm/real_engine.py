@@ -124,10 +124,11 @@ def mount_script(mounts: Sequence[EngineMount]) -> str:
 
 
 def in_mount_namespace(script: str, command: Sequence[str]) -> list[str]:
-    """``command`` run by ``script`` in a private mount namespace (with a user namespace when not root)."""
-    unshare = shutil.which("unshare") or "/usr/bin/unshare"
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [unshare, *user, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", *command]
+    """``command`` run by ``script`` in a private mount namespace (with a user namespace when root alone cannot make
+    one), chosen as the namespace runner chooses (sandbox.netns)."""
+    from sandbox.netns import unshare_argv  # its TLS imports (cryptography): only an engine with a volume pays them
+
+    return [*unshare_argv(("--mount",)), "--", "/bin/sh", "-c", script, "sh", *command]
 
 
 def read_args(forwarded: Sequence[str], legacy: bool, env: InstanceEnv) -> ServeArgs | None:

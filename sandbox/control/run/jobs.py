@@ -77,8 +77,7 @@ JOB_FIELDS = ("labels", "annotations", "client", "client_version", "launch_stage
 @dataclass
 class TaskRecord:
     task: run_v2.Task
-    attempt: TaskAttempt | None = None
-    outcome: str = "pending"  # pending, running, succeeded, failed, cancelled
+    attempt: TaskAttempt | None = None  # the one running or last run
 
 
 @dataclass
@@ -89,12 +88,15 @@ class ExecutionRecord:
     tasks: list[TaskRecord] = field(default_factory=list)
     runner: asyncio.Task | None = None
     metadata: ServedApp | None = None
-    stopping: str = ""  # "cancelled" or "deleted" once asked to stop
-    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)  # cancelled or deleted
 
     @property
     def running(self) -> bool:
         return not self.execution.completion_time
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested.is_set()
 
 
 @dataclass
@@ -271,7 +273,7 @@ class CloudRunJobs:
             raise invalid_argument("job.name: must be empty when creating a job")
         self._validate(spec)
         if request.query_params.get("validateOnly") == "true":
-            return self._operation_json(self.run._new_operation(parent, done_with=spec))
+            return self.run._operation_json(self.run._new_operation(parent, done_with=spec))
         job = run_v2.Job(name=name, uid=str(uuid.uuid4()), generation=1, create_time=res.now())
         job.creator = "sandbox-user@example.com"
         job.execution_count = 0
@@ -279,7 +281,7 @@ class CloudRunJobs:
         record = JobRecord(job_id, job)
         self._store(record, spec)
         self.jobs[name] = record
-        return self._operation_json(self.run._new_operation(parent, done_with=record.job))
+        return self.run._operation_json(self.run._new_operation(parent, done_with=record.job))
 
     async def update_job(self, request: Request) -> JSONResponse:
         parent = self.run._location(request)
@@ -295,10 +297,10 @@ class CloudRunJobs:
             raise GoogleApiError(409, f"Etag mismatch for job '{job_id}'; read it again.", "ABORTED")
         self._validate(spec)
         if request.query_params.get("validateOnly") == "true":
-            return self._operation_json(self.run._new_operation(parent, done_with=spec))
+            return self.run._operation_json(self.run._new_operation(parent, done_with=spec))
         record.job.generation += 1
         self._store(record, spec)
-        return self._operation_json(self.run._new_operation(parent, done_with=record.job))
+        return self.run._operation_json(self.run._new_operation(parent, done_with=record.job))
 
     def _store(self, record: JobRecord, spec: run_v2.Job) -> None:
         job = record.job
@@ -364,12 +366,12 @@ class CloudRunJobs:
         if etag and etag != record.job.etag:
             raise GoogleApiError(409, f"Etag mismatch for job '{record.job_id}'; read it again.", "ABORTED")
         if request.query_params.get("validateOnly") == "true":
-            return self._operation_json(self.run._new_operation(parent, done_with=record.job))
+            return self.run._operation_json(self.run._new_operation(parent, done_with=record.job))
         del self.jobs[record.job.name]
         # The job's executions go with it; one still running is stopped first, as Cloud Run stops its containers.
-        await asyncio.gather(*(self._stop(ex, "deleted") for ex in record.executions.values()))
+        await asyncio.gather(*(self._stop(ex) for ex in record.executions.values()))
         record.job.delete_time = res.now()
-        return self._operation_json(self.run._new_operation(parent, done_with=record.job))
+        return self.run._operation_json(self.run._new_operation(parent, done_with=record.job))
 
     # Running ----------------------------------------------------------------------------------------------
     async def _run(self, request: Request, record: JobRecord) -> JSONResponse:
@@ -383,11 +385,9 @@ class CloudRunJobs:
             raise GoogleApiError(409, f"Etag mismatch for job '{record.job_id}'; read it again.", "ABORTED")
         template = self._apply_overrides(record.job.template, run.overrides)
         if run.validate_only:
-            return self._operation_json(self.run._new_operation(parent, done_with=record.job))
-        execution = self._new_execution(record, template)
-        op = self.run._new_operation(parent)
-        op.metadata.Pack(run_v2.Execution.pb(execution.execution))
-        execution.operation = op
+            return self.run._operation_json(self.run._new_operation(parent, done_with=record.job))
+        execution = self._new_execution(record, template, self.run._new_operation(parent))
+        execution.operation.metadata.Pack(run_v2.Execution.pb(execution.execution))
         record.executions[execution.execution.name] = execution
         job = record.job
         job.execution_count += 1
@@ -398,7 +398,7 @@ class CloudRunJobs:
         )
         job.etag = res.etag_of(job)
         execution.runner = asyncio.create_task(self._execute(record, execution))
-        return self._operation_json(op)
+        return self.run._operation_json(execution.operation)
 
     @staticmethod
     def _apply_overrides(template: run_v2.ExecutionTemplate, overrides: run_v2.RunJobRequest.Overrides):
@@ -421,7 +421,9 @@ class CloudRunJobs:
                 container.env = [e for e in container.env if e.name not in names] + list(override.env)
         return template
 
-    def _new_execution(self, record: JobRecord, template: run_v2.ExecutionTemplate) -> ExecutionRecord:
+    def _new_execution(
+        self, record: JobRecord, template: run_v2.ExecutionTemplate, operation: operations_pb2.Operation
+    ) -> ExecutionRecord:
         short = f"{record.job_id}-{''.join(secrets.choice(EXECUTION_SUFFIX) for _ in range(5))}"
         name = f"{record.job.name}/executions/{short}"
         count = template.task_count or DEFAULT_TASK_COUNT
@@ -463,7 +465,7 @@ class CloudRunJobs:
             for index in range(count)
         ]
         folder = self.state_dir / record.job_id / short
-        return ExecutionRecord(execution, operations_pb2.Operation(), folder, tasks)
+        return ExecutionRecord(execution, operation, folder, tasks)
 
     async def _execute(self, record: JobRecord, ex: ExecutionRecord) -> None:
         execution = ex.execution
@@ -490,11 +492,8 @@ class CloudRunJobs:
             ]  # fmt: skip
             execution.start_time = res.now()
             slots = asyncio.Semaphore(execution.parallelism)
-            failures = await asyncio.gather(*(self._run_task(record, ex, task, slots) for task in ex.tasks))
-            failure = next((f for f in failures if f), "")
-            reason = Reason.NON_ZERO_EXIT_CODE if failure and "timeout was reached" not in failure else None
-        except RevisionStartError as exc:
-            failure = exc.message
+            outcomes = await asyncio.gather(*(self._run_task(record, ex, task, slots) for task in ex.tasks))
+            failure, reason = next(((f, r) for f, r in outcomes if f), ("", None))
         finally:
             if ex.metadata is not None:
                 await ex.metadata.stop()
@@ -504,8 +503,9 @@ class CloudRunJobs:
 
     async def _run_task(
         self, record: JobRecord, ex: ExecutionRecord, task: TaskRecord, slots: asyncio.Semaphore
-    ) -> str:
-        """Run one task to success or its last retry; the failure message, or "" when it succeeded."""
+    ) -> tuple[str, Reason | None]:
+        """Run one task to success or its last retry: its failure message ("" when it succeeded or was stopped) and
+        the execution reason (none for a timeout, as real timed-out executions show)."""
         execution = ex.execution
         async with slots:
             result = AttemptResult(None, stopped=True)
@@ -519,11 +519,9 @@ class CloudRunJobs:
                 try:
                     spec = self._attempt_spec(record, ex, task.task, attempt)
                 except RevisionStartError as exc:  # e.g. a secret the job's account cannot read: no retry helps
-                    task.outcome = "failed"
                     execution.failed_count += 1
-                    return exc.message
+                    return exc.message, Reason.NON_ZERO_EXIT_CODE
                 task.attempt = TaskAttempt(spec)
-                task.outcome = "running"
                 task.task.start_time = res.now()
                 execution.running_count += 1
                 execution.etag = res.etag_of(execution)
@@ -536,16 +534,14 @@ class CloudRunJobs:
                     break
             task.task.completion_time = res.now()
             if ex.stopping and not result.succeeded:
-                task.outcome = "cancelled"
                 execution.cancelled_count += 1
-                return ""
+                return "", None
             if result.succeeded:
-                task.outcome = "succeeded"
                 execution.succeeded_count += 1
-                return ""
-            task.outcome = "failed"
+                return "", None
             execution.failed_count += 1
-            return attempt_failure(task.task.name.rsplit("/", 1)[1], result)
+            reason = None if result.timed_out else Reason.NON_ZERO_EXIT_CODE
+            return attempt_failure(task.task.name.rsplit("/", 1)[1], result), reason
 
     def _attempt_spec(self, record: JobRecord, ex: ExecutionRecord, task: run_v2.Task, attempt: int) -> AttemptSpec:
         container = task.containers[0]
@@ -620,10 +616,10 @@ class CloudRunJobs:
             record.job.etag = res.etag_of(record.job)
         self.run._finish(ex.operation, execution)
 
-    async def _stop(self, ex: ExecutionRecord, why: str) -> None:
+    async def _stop(self, ex: ExecutionRecord) -> None:
+        """Stop a running execution (cancelled or deleted): its pending start, and its tasks' processes."""
         if not ex.running:
             return
-        ex.stopping = why
         ex.stop_requested.set()
         await asyncio.gather(*(t.attempt.stop() for t in ex.tasks if t.attempt is not None))
         if ex.runner is not None:
@@ -649,18 +645,18 @@ class CloudRunJobs:
             raise GoogleApiError(
                 400, f"Execution '{ex.execution.name.rsplit('/', 1)[1]}' is not running.", "FAILED_PRECONDITION"
             )
-        await self._stop(ex, "cancelled")
-        return self._operation_json(self.run._new_operation(parent, done_with=ex.execution))
+        await self._stop(ex)
+        return self.run._operation_json(self.run._new_operation(parent, done_with=ex.execution))
 
     async def delete_execution(self, request: Request) -> JSONResponse:
         record, ex = self._execution(request)
         parent = self.run._location(request)
         if request.query_params.get("validateOnly") == "true":
-            return self._operation_json(self.run._new_operation(parent, done_with=ex.execution))
-        await self._stop(ex, "deleted")
+            return self.run._operation_json(self.run._new_operation(parent, done_with=ex.execution))
+        await self._stop(ex)
         del record.executions[ex.execution.name]
         ex.execution.delete_time = res.now()
-        return self._operation_json(self.run._new_operation(parent, done_with=ex.execution))
+        return self.run._operation_json(self.run._new_operation(parent, done_with=ex.execution))
 
     async def list_tasks(self, request: Request) -> JSONResponse:
         _, ex = self._execution(request)
@@ -674,9 +670,6 @@ class CloudRunJobs:
             if task.task.name.rsplit("/", 1)[1] == wanted:
                 return JSONResponse(res.to_dict(task.task))
         raise not_found(f"Resource '{wanted}' of kind 'TASK' does not exist.")
-
-    def _operation_json(self, op: operations_pb2.Operation) -> JSONResponse:
-        return JSONResponse(json_format.MessageToDict(op))
 
     # Admin ------------------------------------------------------------------------------------------------
     async def admin_execution_logs(self, request: Request) -> Response:
@@ -694,7 +687,7 @@ class CloudRunJobs:
 
     async def shutdown(self) -> None:
         await asyncio.gather(
-            *(self._stop(ex, "deleted") for record in self.jobs.values() for ex in record.executions.values()),
+            *(self._stop(ex) for record in self.jobs.values() for ex in record.executions.values()),
             return_exceptions=True,
         )
 
