@@ -12,42 +12,32 @@ from google.api_core import exceptions as gexc
 from google.cloud import run_v2
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
-from pydantic import BaseModel
 
 from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
+from flows.delivery import Delivery, deliver, watch_promoted
 from flows.doctor import check_project
 from tasks import access, act_as, build_identity, clients, infra
 from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.cloudrun import (
     CANDIDATE_TAG,
-    Candidate,
     run_abandon_candidate,
     run_deploy_candidate,
-    run_promote_candidate,
-    run_release_previous,
-    run_shift_to_canary,
     run_verify_candidate,
     service_id_for,
     service_path,
 )
 from tasks.cost import estimate
 from tasks.delivery import (
-    PREVIOUS_TAG,
-    RolledBack,
-    StepResult,
-    WatchBreached,
     WatchOptions,
     check_canary,
-    describe_split,
     monitoring_read_revision,
-    monitoring_watch_revision,
 )
 from tasks.doctor import gpu_quota_limit
-from tasks.gcp import InfraError, explain_forbidden
+from tasks.gcp import explain_forbidden
 from tasks.hub import read_json_file, resolve_model
 from tasks.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.logs import run_logger
@@ -320,7 +310,7 @@ def _promote(
             report.serving_revision = candidate.revision
             if candidate.watch_pending:  # the run that promoted it died watching: this run finishes that promotion
                 report.outcome = "promoted"
-                _watch_promoted(report, target, service_id, candidate, delivery, samples, candidate.previous_url, True)
+                watch_promoted(report, target, service_id, candidate, delivery, samples, candidate.previous_url, True)
         else:
             with report.step("verify"):
                 try:
@@ -330,97 +320,10 @@ def _promote(
                 except Exception:
                     run_abandon_candidate(target, service_id, candidate)
                     raise
-            _deliver(report, target, service_id, candidate, delivery, samples)
+            deliver(report, target, service_id, candidate, delivery, samples)
         with report.step("invokers"):
             access.run_ensure_invokers(target, service_id)
         _where_traffic_stands(report, target, service_id)
-
-
-class Delivery(BaseModel):
-    """How traffic moves once the candidate is verified: the canary steps and the watch of each."""
-
-    canary: list[int]
-    watch: WatchOptions
-
-    def samples(self, profile: ServingProfile) -> int:
-        return self.watch.samples if self.watch.samples is not None else profile.watch_samples
-
-
-def _deliver(
-    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int,
-) -> None:  # fmt: skip
-    """Canary steps, then all traffic to the candidate, each step watched; a breach moves traffic back."""
-    log = run_logger()
-    canary = delivery.canary
-    if canary and not candidate.previous_traffic:
-        log.info("canary %s skipped: a first deploy has no serving revision to split traffic with", canary)
-        canary = []
-    for percent in canary:
-        step = f"canary {percent} %"
-        with report.step(step):
-            split = run_shift_to_canary(target, service_id, candidate, percent)
-            result = _watch(target, service_id, candidate, delivery.watch, samples, step, split)
-            report.delivery.append(result)
-            if result.breached:
-                _roll_back(target, service_id, candidate, result)
-    with report.step("promote"):
-        service = run_promote_candidate(target, service_id, candidate, keep_previous=samples > 0)
-        report.outcome = "promoted"
-        report.serving_revision = candidate.revision
-    previous_url = next((s.uri for s in service.traffic_statuses if s.tag == PREVIOUS_TAG), None)
-    _watch_promoted(report, target, service_id, candidate, delivery, samples, previous_url, previous_url is not None)
-
-
-def _watch_promoted(
-    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int, previous_url: str | None, tagged: bool,
-) -> None:  # fmt: skip
-    """The watch at 100 %, the previous revision kept warm at its tag URL (``tagged``); then its tag goes, or traffic
-    goes back."""
-    if samples > 0:
-        with report.step("watch"):
-            keep_warm = (previous_url, candidate.service_url) if previous_url else None
-            alone = [(candidate.revision, 100)]
-            result = _watch(target, service_id, candidate, delivery.watch, samples, "watch 100 %", alone, keep_warm)
-            report.delivery.append(result)
-            if result.breached:
-                _roll_back(target, service_id, candidate, result)
-    if tagged:
-        run_release_previous(target, service_id, candidate)
-
-
-def _watch(
-    target: GcpTarget, service_id: str, candidate: Candidate, watch: WatchOptions, samples: int, step: str,
-    split: list[tuple[str, int]], keep_warm: tuple[str, str] | None = None,
-) -> StepResult:  # fmt: skip
-    """One step's watch (its own task run); when it cannot judge (the metrics unreadable past their retries),
-    traffic goes back as on a breach: a run that failed leaves traffic where it was."""
-    try:
-        return monitoring_watch_revision(target, service_id, candidate.revision, watch, samples, step, split,
-                                         keep_warm)  # fmt: skip
-    except Exception as exc:
-        if not candidate.previous_traffic:
-            raise
-        run_abandon_candidate(target, service_id, candidate)
-        raise InfraError(
-            f"{step}: the watch could not judge the candidate ({exc}); traffic is back on "
-            f"{describe_split(candidate.previous_traffic)}"
-        ) from exc
-
-
-def _roll_back(target: GcpTarget, service_id: str, candidate: Candidate, result: StepResult) -> None:
-    """Traffic back to where it was before the run, then the run fails saying what was seen."""
-    if not candidate.previous_traffic:
-        raise WatchBreached(
-            f"{result.step} breached the SLO: {result.reason}. Nothing served before this run, so {candidate.revision} "
-            "still serves: fix the model and promote again, or remove the service with teardown"
-        )
-    run_abandon_candidate(target, service_id, candidate)
-    raise RolledBack(
-        f"{result.step} breached the SLO: {result.reason}; traffic is back on "
-        f"{describe_split(candidate.previous_traffic)}"
-    )
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
