@@ -15,7 +15,14 @@ time_to_rollback = t_back - t_bad, in seconds and in sampling periods, beside th
 the traffic update`` (the run_abandon_candidate task's own duration, from Prefect). The watch task's end splits the
 figure into detection and traffic update.
 
-    python -m bench.rollback [--delays 0,60,180] [--time-scale 0.01] [--samples 10] [--json out.json]
+Two kinds of bad candidate (``--kinds``): ``5xx`` answers every long prompt 500 to a client of non-streamed chats,
+judged on Cloud Run's request metrics; ``stream`` fails every third streamed chat after its 200 (vLLM's error event
+inside the stream, invisible to Cloud Run's request metrics) and runs the Prometheus sidecar (metrics: vllm), so the
+watch counts the stream errors from vLLM's own metrics. Its bound is the same: the sidecar's 30 s scrape fits in a
+sampling period, and the step is judged once Cloud Run's request count shows enough requests.
+
+    python -m bench.rollback [--delays 0,60,180] [--kinds 5xx,stream] [--time-scale 0.01] [--samples 10]
+                             [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ import httpx
 
 # The fault and the client of tests/e2e/test_progressive_delivery.py: the probe's short chat passes, long prompts fail.
 FAULT = {"fail_prompts_longer_than": 40}
+STREAM_FAULT = {"fail_every_nth_request": 3}  # tests/e2e/test_llm_watch.py's candidate
+METRICS_PROFILE = "bench-vllm-metrics"
 SLO = {"max_error_ratio": 0.02, "max_p95_ms": None, "min_requests": 5}
 AFTER_S = 0.5  # client traffic kept up after the run fails, so "no candidate answer after t_back" is seen
 WALL_MINUS_MONO = time.time() - time.monotonic()  # Prefect's task times are wall clock; the client's monotonic
@@ -66,8 +75,9 @@ def _use_delay(sb, delay_s: float, time_scale: float) -> dict:
     return target
 
 
-def measure(sb, case: int, delay_s: float, time_scale: float, samples: int) -> dict:
+def measure(sb, case: int, delay_s: float, time_scale: float, samples: int, kind: str = "5xx") -> dict:
     """One promotion rolled back under traffic; the times, the bound and the client's failures."""
+    from blocks.profile import ServingProfile
     from flows.common import load_target
     from flows.promote import promote_model
     from sandbox.traffic import Traffic
@@ -80,12 +90,17 @@ def measure(sb, case: int, delay_s: float, time_scale: float, samples: int) -> d
     service = f"rollback-{case}"
     params = {"model": "sandbox/tiny-chat", "service": service, "token_secret_block": "sandbox-hf-token",
               "target": "sandbox", "verify": VerifyOptions(health_period_s=0.05)}  # fmt: skip
+    stream = kind == "stream"
+    if stream:
+        ServingProfile.preset("l4", metrics="vllm").save(METRICS_PROFILE, overwrite=True)
+        params["profile"] = METRICS_PROFILE
     old = promote_model(**params, watch={"samples": 0}).serving_revision
     url = clients.run_services(target).get_service(name=f"{target.location_path}/services/{service}").uri
-    client = Traffic(url, clients.identity_token(target, url).get_secret_value())
+    client = Traffic(url, clients.identity_token(target, url).get_secret_value(), stream=stream, max_tokens=16)
     thread = threading.Thread(target=client.run, daemon=True)
     thread.start()
-    sb.run("POST", "/faults", json={"service": service, "faults": FAULT, "revisions": 1})
+    faults = STREAM_FAULT if stream else FAULT
+    sb.run("POST", "/faults", json={"service": service, "faults": faults, "revisions": 1})
     state = promote_model(**params, revision="dev", watch={"samples": samples, **SLO}, return_state=True)
     failed_at = time.monotonic()
     time.sleep(AFTER_S)
@@ -94,11 +109,11 @@ def measure(sb, case: int, delay_s: float, time_scale: float, samples: int) -> d
 
     message = str(state.message or "")
     answers = sorted(client.answers, key=lambda a: a.started)
-    bad = [a for a in answers if a.status >= 500]
+    bad = [a for a in answers if a.failed]
     candidate_answers = [a for a in answers if a.revision not in (old, "")]
     ok = state.is_failed() and "breached the SLO" in message
     row: dict = {
-        "delay_sim_s": delay_s, "time_scale": time_scale, "period_s": period, "delay_s": delay,
+        "kind": kind, "delay_sim_s": delay_s, "time_scale": time_scale, "period_s": period, "delay_s": delay,
         "outcome": "rolled back" if ok else f"NOT rolled back: {state.type.value} {message[:200]}",
         "requests": len(answers), "failed": len(bad), "candidate_requests": len(candidate_answers),
         "failed_share": round(len(bad) / len(answers), 4) if answers else None,
@@ -130,7 +145,7 @@ def measure(sb, case: int, delay_s: float, time_scale: float, samples: int) -> d
         "detection_s": round(watch_end - t_bad, 3) if watch_end else None,
         "traffic_update_s": round(update, 3) if update is not None else None,
         "back_to_run_failed_s": round(failed_at - t_back, 3),
-        "failed_while_candidate_share": round(len([a for a in serving if a.status >= 500]) / len(serving), 4),
+        "failed_while_candidate_share": round(len([a for a in serving if a.failed]) / len(serving), 4),
         "failed_after_back": len([a for a in bad if a.started >= t_back]),
         "old_answers_after_back": len(back),
     })  # fmt: skip
@@ -144,6 +159,7 @@ def _num(value: float | None) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--delays", default="0,60,180", help="visibility delays to try, simulated seconds")
+    parser.add_argument("--kinds", default="5xx,stream", help="bad candidates: 5xx answers, stream errors")
     parser.add_argument("--time-scale", type=float, default=0.01, help="real seconds per simulated second")
     parser.add_argument("--samples", type=int, default=10, help="watch window in sampling periods")
     parser.add_argument("--json", type=Path, default=None)
@@ -166,17 +182,19 @@ def main() -> int:
     ):
         os.environ["HF_ENDPOINT"] = sb.hub_url
         save_sandbox_blocks(Path(scratch) / "sandbox")
-        for case, delay in enumerate(delays):
-            rows.append(measure(sb, case, delay, args.time_scale, args.samples))
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        for case, (kind, delay) in enumerate((k, d) for k in kinds for d in delays):
+            rows.append(measure(sb, case, delay, args.time_scale, args.samples, kind))
     print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}; watch of {args.samples} sampling "
           f"periods, SLO {SLO}\n")  # fmt: skip
     print(
-        "| delay (sim s) | period s | delay s | outcome | time to rollback s | periods | bound s | bound periods "
-        "| detection s | traffic update s | failed / requests | failed while candidate | failed after back |"
+        "| bad candidate | delay (sim s) | period s | delay s | outcome | time to rollback s | periods | bound s "
+        "| bound periods | detection s | traffic update s | failed / requests | failed while candidate "
+        "| failed after back |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        head = f"| {r['delay_sim_s']:.0f} | {r['period_s']:.2f} | {r['delay_s']:.2f} | {r['outcome']} |"
+        head = f"| {r['kind']} | {r['delay_sim_s']:.0f} | {r['period_s']:.2f} | {r['delay_s']:.2f} | {r['outcome']} |"
         failed = f"{r['failed']} / {r['requests']}"
         if "time_to_rollback_s" not in r:
             print(f"{head} - | - | - | - | - | - | {failed} | - | - |")
@@ -191,9 +209,9 @@ def main() -> int:
     for r in rows:
         if "time_to_rollback_s" in r:
             print(
-                f"delay {r['delay_sim_s']:.0f} s: rollback {r['time_to_rollback_periods']:.1f} sampling periods "
-                f"after the first bad response; the bound is 1 + {r['delay_s'] / r['period_s']:.0f} + 1 periods + "
-                f"the traffic update ({_num(r['traffic_update_s'])} s) = {r['bound_periods']:.1f} periods"
+                f"{r['kind']}, delay {r['delay_sim_s']:.0f} s: rollback {r['time_to_rollback_periods']:.1f} sampling "
+                f"periods after the first bad response; the bound is 1 + {r['delay_s'] / r['period_s']:.0f} + 1 "
+                f"periods + the traffic update ({_num(r['traffic_update_s'])} s) = {r['bound_periods']:.1f} periods"
                 f"{'' if r['within_bound'] else ' (OVER THE BOUND)'}"
             )
     if args.json:

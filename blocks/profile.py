@@ -143,6 +143,13 @@ class ServingProfile(Block):
         "metrics for this many sampling periods (Cloud Run samples every 60 s: 10 is 10 minutes) and move traffic "
         "back on a breach; 0 = no watch.",
     )
+    metrics: Literal["none", "vllm"] = Field(
+        "none",
+        description="'vllm': run Google's Managed Service for Prometheus sidecar beside vLLM, so the watch judges "
+        "time to first token, time per output token and errors inside streams from vLLM's own metrics (the "
+        "sidecar takes 1 vCPU and 512 MiB of the instance; the serving account needs roles/monitoring.metricWriter). "
+        "'none': the watch judges Cloud Run's request metrics only.",
+    )
     request_timeout_seconds: int = Field(600, ge=1, le=3600, description="Cloud Run request timeout.")
     execution_environment: Literal["gen1", "gen2"] = Field("gen2", description="Cloud Run execution environment.")
     cpu_always_allocated: bool = Field(True, description="CPU outside requests; GPU services require it.")

@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from prefect.blocks.core import Block
@@ -52,6 +52,7 @@ class ModelSpec(BaseModel):
     schedule: WarmHours | None = None
     canary: list[int] | None = None
     watch: WatchOptions | None = None
+    metrics: Literal["none", "vllm"] | None = None  # the profile's metrics sidecar choice, for this model
 
     @field_validator("canary")
     @classmethod

@@ -38,6 +38,7 @@ class Delivery(BaseModel):
 
     canary: list[int]
     watch: WatchOptions
+    vllm_metrics: bool = False  # the Prometheus sidecar runs beside vLLM: TTFT, TPOT and stream errors are judged
 
     def samples(self, profile: ServingProfile) -> int:
         return self.watch.samples if self.watch.samples is not None else profile.watch_samples
@@ -57,7 +58,7 @@ def deliver(
         step = f"canary {percent} %"
         with report.step(step):
             split = run_shift_to_canary(target, service_id, candidate, percent)
-            result = _watch(target, service_id, candidate, delivery.watch, samples, step, split)
+            result = _watch(target, service_id, candidate, delivery, samples, step, split)
             report.delivery.append(result)
             if result.breached:
                 _roll_back(target, service_id, candidate, result)
@@ -79,7 +80,7 @@ def watch_promoted(
         with report.step("watch"):
             keep_warm = (previous_url, candidate.service_url) if previous_url else None
             alone = [(candidate.revision, 100)]
-            result = _watch(target, service_id, candidate, delivery.watch, samples, "watch 100 %", alone, keep_warm)
+            result = _watch(target, service_id, candidate, delivery, samples, "watch 100 %", alone, keep_warm)
             report.delivery.append(result)
             if result.breached:
                 _roll_back(target, service_id, candidate, result)
@@ -88,14 +89,14 @@ def watch_promoted(
 
 
 def _watch(
-    target: GcpTarget, service_id: str, candidate: Candidate, watch: WatchOptions, samples: int, step: str,
+    target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery, samples: int, step: str,
     split: list[tuple[str, int]], keep_warm: tuple[str, str] | None = None,
 ) -> StepResult:  # fmt: skip
     """One step's watch (its own task run); when it cannot judge (the metrics unreadable past their retries),
     traffic goes back as on a breach: a run that failed leaves traffic where it was."""
     try:
-        return monitoring_watch_revision(target, service_id, candidate.revision, watch, samples, step, split,
-                                         keep_warm)  # fmt: skip
+        return monitoring_watch_revision(target, service_id, candidate.revision, delivery.watch, samples, step, split,
+                                         keep_warm, delivery.vllm_metrics)  # fmt: skip
     except Exception as exc:
         if not candidate.previous_traffic:
             raise

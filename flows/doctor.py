@@ -48,6 +48,12 @@ def doctor_check_act_as(target: GcpTarget, profile: ServingProfile) -> list[Chec
     return [checks.check_act_as(target)]
 
 
+@task(name="doctor_check_metric_writer")
+def doctor_check_metric_writer(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """With metrics: vllm, the serving account may write vLLM's metrics, or promote may grant it."""
+    return [checks.check_metric_writer(target, profile)]
+
+
 @task(name="doctor_check_gpu_region")
 def doctor_check_gpu_region(target: GcpTarget, profile: ServingProfile) -> list[Check]:
     """The region offers the profile's GPU."""
@@ -84,6 +90,7 @@ CHECK_TASKS = [
     doctor_check_permissions,
     doctor_check_doctor_permissions,
     doctor_check_act_as,
+    doctor_check_metric_writer,
     doctor_check_gpu_region,
     doctor_check_gpu_quota,
     doctor_check_org_policies,

@@ -97,6 +97,8 @@ def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: Mo
     # Deploying as the serving account needs actAs on it: say so now, before any weights are staged.
     act_as.iam_check_act_as(target, target.service_account_email, "deploying as the serving account")
     results.append(access.gcs_grant_object_viewer(target))
+    if profile.metrics == "vllm":  # the Prometheus sidecar writes vLLM's metrics as the serving account
+        results.append(access.resourcemanager_grant_metric_writer(target))
     if profile.build is not None:  # builds run as their own least-privilege identity (tasks/build_identity.py)
         results += [step(target) for step in build_identity.BUILD_IDENTITY_TASKS]
         act_as.iam_check_act_as(target, target.build_service_account_email, "building as the build identity")
@@ -204,6 +206,8 @@ def promote_model(
         # The image strategy given to the run replaces the spec file's as a whole: a pinned image, or a build.
         image, build = (image, build) if image or build else (spec.get("image"), spec.get("build"))
         serving = load_profile(profile or spec.get("profile", "l4"), image, load_mode or spec.get("load_mode"), build)
+        if spec.get("metrics") is not None:  # the model file's choice of the metrics sidecar, over the profile's
+            serving = validated(ServingProfile, {**serving.model_dump(), "metrics": spec["metrics"]})
         # Priced under the schedule the model file gives its scale-service deployment (defaults: 08-19 Mon-Fri).
         warm_hours = (
             validated(WarmHours, spec.get("schedule") or {}).hours_per_week
@@ -224,7 +228,9 @@ def promote_model(
         delivery = Delivery(
             canary=check_canary(canary if canary is not None else spec.get("canary")),
             watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
+            vllm_metrics=serving.metrics == "vllm",
         )
+        delivery.watch.refuse_without_vllm_metrics(serving.metrics)
         _promote(report, gcp, serving, source, service_id, verify, delivery, dry_run)
     except Exception as exc:
         report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
@@ -316,7 +322,7 @@ def _promote(
                 try:
                     report.verification = run_verify_candidate(target, candidate, source.served_model_name, verify)
                     if samples:  # a watch that cannot read the metrics must fail before traffic moves, not after
-                        monitoring_read_revision(target, service_id, candidate.revision)
+                        monitoring_read_revision(target, service_id, candidate.revision, delivery.vllm_metrics)
                 except Exception:
                     run_abandon_candidate(target, service_id, candidate)
                     raise

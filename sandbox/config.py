@@ -81,6 +81,14 @@ class SandboxConfig(BaseModel):
         "timeSeries.list (Google's metrics list for run.googleapis.com: 'Sampled every 60 seconds. After sampling, "
         "data is not visible for up to 180 seconds.')",
     )
+    prometheus_ingest_delay_seconds: float = Field(
+        10,
+        ge=0,
+        description="simulated seconds from a Managed Service for Prometheus write (the GMP sidecar's "
+        "timeSeries.create) to its points being visible to timeSeries.list. Google documents no figure for it "
+        "(unconfirmed; the Cloud Monitoring latency page's number for Prometheus metrics could not be retrieved): "
+        "10 s is our guess",
+    )
     job_start_seconds: float = Field(
         30,
         ge=0,

@@ -14,6 +14,7 @@ from blocks.target import GcpTarget
 from tasks import clients
 from tasks.gcp import POLICY_CONFLICT_RETRY, EnsureResult, InfraError, gcp_errors
 from tasks.infra import PUBLIC_MEMBERS, secret_path
+from tasks.metrics_sidecar import METRIC_WRITER_ROLE
 from tasks.propagation import when_visible
 
 OBJECT_VIEWER = "roles/storage.objectViewer"
@@ -116,6 +117,21 @@ def ensure_service_invokers(target: GcpTarget, service_id: str) -> EnsureResult:
     return _result("iam", f"{name} {RUN_INVOKER}", changes)
 
 
+def grant_metric_writer(target: GcpTarget) -> EnsureResult:
+    """roles/monitoring.metricWriter for the serving account on the project, for the Prometheus sidecar to write
+    vLLM's metrics (profile metrics: vllm). The project is the narrowest place it can be granted: Monitoring has no
+    resource-level IAM. Granting it needs resourcemanager.projects.setIamPolicy; a deployer without it (least
+    privilege) gets the one command a project IAM admin runs once, and the next run finds the binding."""
+    projects = clients.projects(target)
+    resource = f"projects/{target.project}"
+    member = _member(target)
+    with gcp_errors("cloudresourcemanager", "roles/resourcemanager.projectIamAdmin",
+                    f"IAM policy of {resource} (the serving account's {METRIC_WRITER_ROLE})", target):  # fmt: skip
+        changes = grant_to_new_account(projects, resource, METRIC_WRITER_ROLE, target.service_account_email,
+                                       "Resource Manager")  # fmt: skip
+    return _result("iam", f"{resource} {METRIC_WRITER_ROLE} {member}", changes)
+
+
 def _result(kind: str, name: str, changes: list[str]) -> EnsureResult:
     return EnsureResult(kind=kind, name=name, action="updated" if changes else "found", changes=changes)
 
@@ -123,3 +139,4 @@ def _result(kind: str, name: str, changes: list[str]) -> EnsureResult:
 gcs_grant_object_viewer = task(name="gcs_grant_object_viewer")(grant_bucket_object_viewer)
 secretmanager_grant_accessor = task(name="secretmanager_grant_accessor")(grant_secret_accessor)
 run_ensure_invokers = task(name="run_ensure_invokers")(ensure_service_invokers)
+resourcemanager_grant_metric_writer = task(name="resourcemanager_grant_metric_writer")(grant_metric_writer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -26,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from blocks.target import GcpTarget
 from tasks import clients
 from tasks.logs import run_logger
+from tasks.metrics_sidecar import METRIC_WRITER_ROLE, SCRAPE_PORT
 from tasks.monitoring import RevisionTraffic, revision_traffic
+from tasks.vllm_metrics import VllmSignals, revision_signals
 
 PREVIOUS_TAG = "previous"
 Verdict = Literal["held", "breached", "too little traffic"]
@@ -45,17 +48,63 @@ class WatchOptions(BaseModel):
         "60 s: 10 is 10 minutes); the profile's watch_samples when empty; 0 turns the watch off.",
     )
     max_error_ratio: float = Field(
-        0.02, ge=0, le=1, description="Largest share of the candidate's requests that may answer 5xx (0.02 = 2 %)."
+        0.01,
+        ge=0,
+        le=1,
+        description="Largest share of the candidate's requests that may fail (0.01 = 1 %, Flagger's default success "
+        "rate of 99 %): 5xx, and with metrics: vllm also streams that failed after their 200.",
+    )
+    max_ttft_p95_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Largest p95 time to first token, ms, from vLLM's metrics (needs metrics: vllm). Empty: 2,000 ms, "
+        "MLPerf Inference's limit for conversational LLM serving (Llama 2 70B and Llama 3.1 8B servers, TTFT 2 s).",
+    )
+    max_tpot_p95_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Largest p95 time per output token, ms, from vLLM's metrics (needs metrics: vllm). Empty: 100 ms, "
+        "MLPerf Inference's Llama 3.1 8B server limit: 10 tokens/s, faster than people read.",
     )
     max_p95_ms: float | None = Field(
-        60_000,
+        None,
         gt=0,
-        description="Largest p95 request latency of the candidate, ms, as Cloud Run measures it (a whole non-streamed "
-        "completion; set it for your model's max_tokens); empty: latency is reported, not judged.",
+        description="Largest p95 request latency, ms, as Cloud Run measures it (a whole completion: it follows "
+        "max_tokens and answer length). Empty: 60,000 ms when the watch has only Cloud Run's request metrics; not "
+        "judged when it has vLLM's TTFT and TPOT.",
     )
     min_requests: int = Field(
         10, ge=1, description="Requests a step needs before its ratio and p95 are judged; fewer are reported as such."
     )
+
+    def refuse_without_vllm_metrics(self, metrics: str) -> None:
+        """TTFT and TPOT come from vLLM's metrics: without the sidecar there is nothing to judge them on."""
+        for name in ("max_ttft_p95_ms", "max_tpot_p95_ms"):
+            if getattr(self, name) is not None and metrics != "vllm":
+                raise ValueError(
+                    f"watch.{name}: judged on vLLM's own metrics, which only the Prometheus sidecar collects; set "
+                    f"metrics: vllm (the profile's, or the model file's), or remove watch.{name}"
+                )
+
+    def slo(self, vllm: bool) -> Slo:
+        """The limits in force: the cited defaults for what was left empty."""
+        if vllm:
+            return Slo(self.max_error_ratio, self.max_ttft_p95_ms or DEFAULT_TTFT_P95_MS,
+                       self.max_tpot_p95_ms or DEFAULT_TPOT_P95_MS, self.max_p95_ms)  # fmt: skip
+        return Slo(self.max_error_ratio, None, None, self.max_p95_ms or DEFAULT_P95_MS)
+
+
+DEFAULT_TTFT_P95_MS = 2_000.0  # MLPerf Inference rules: conversational server scenarios, TTFT 2 s
+DEFAULT_TPOT_P95_MS = 100.0  # MLPerf Inference rules: llama3_1-8b.Server.tpot_latency = 100 ms
+DEFAULT_P95_MS = 60_000.0
+
+
+@dataclass(frozen=True)
+class Slo:
+    max_error_ratio: float
+    max_ttft_p95_ms: float | None
+    max_tpot_p95_ms: float | None
+    max_p95_ms: float | None
 
 
 class StepResult(BaseModel):
@@ -67,6 +116,9 @@ class StepResult(BaseModel):
     errors: int
     error_ratio: float | None
     p95_ms: float | None
+    stream_errors: int | None = None  # None: judged without vLLM's metrics
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
     verdict: Verdict
     reason: str
     seconds: float
@@ -124,18 +176,33 @@ def describe_split(split: list[tuple[str, int]]) -> str:
     return " / ".join(f"{revision} {percent} %" for revision, percent in split)
 
 
-def judge(seen: RevisionTraffic, watch: WatchOptions) -> tuple[Verdict, str]:
-    """The verdict on what the candidate served so far, and the figures that decided it."""
+def judge(seen: RevisionTraffic, watch: WatchOptions, vllm: VllmSignals | None = None) -> tuple[Verdict, str]:
+    """The verdict on what the candidate served so far, and the figures that decided it. With ``vllm`` (the sidecar
+    runs), failures include streams that failed after their 200, and TTFT and TPOT are judged."""
+    slo = watch.slo(vllm is not None)
+    failed = seen.errors + (vllm.stream_errors if vllm is not None else 0)
     figures = f"{seen.requests} requests, {seen.errors} 5xx"
+    if vllm is not None:
+        figures += f", {vllm.stream_errors} stream errors"
+        for label, value in (("TTFT p95", vllm.ttft_p95_ms), ("TPOT p95", vllm.tpot_p95_ms)):
+            figures += f", {label} {value:,.0f} ms" if value is not None else ""
     if seen.p95_ms is not None:
-        figures += f", p95 {seen.p95_ms:,.0f} ms"
+        figures += f", request p95 {seen.p95_ms:,.0f} ms"
     if seen.requests < watch.min_requests:
         return "too little traffic", f"{figures}: fewer than min_requests ({watch.min_requests}), not judged"
-    ratio = seen.error_ratio or 0.0
-    if ratio > watch.max_error_ratio:
-        return "breached", f"{figures}: 5xx ratio {ratio:.1%} above max_error_ratio {watch.max_error_ratio:.1%}"
-    if watch.max_p95_ms is not None and seen.p95_ms is not None and seen.p95_ms > watch.max_p95_ms:
-        return "breached", f"{figures}: p95 {seen.p95_ms:,.0f} ms above max_p95_ms {watch.max_p95_ms:,.0f} ms"
+    ratio = min(failed / seen.requests, 1.0)
+    if ratio > slo.max_error_ratio:
+        what = "5xx ratio" if vllm is None else f"error ratio ({seen.errors} 5xx + {vllm.stream_errors} stream errors)"
+        return "breached", f"{figures}: {what} {ratio:.1%} above max_error_ratio {slo.max_error_ratio:.1%}"
+    if vllm is not None:
+        for label, value, limit, name in (
+            ("TTFT p95", vllm.ttft_p95_ms, slo.max_ttft_p95_ms, "max_ttft_p95_ms"),
+            ("TPOT p95", vllm.tpot_p95_ms, slo.max_tpot_p95_ms, "max_tpot_p95_ms"),
+        ):
+            if value is not None and limit is not None and value > limit:
+                return "breached", f"{figures}: {label} {value:,.0f} ms above {name} {limit:,.0f} ms"
+    if slo.max_p95_ms is not None and seen.p95_ms is not None and seen.p95_ms > slo.max_p95_ms:
+        return "breached", f"{figures}: request p95 {seen.p95_ms:,.0f} ms above max_p95_ms {slo.max_p95_ms:,.0f} ms"
     return "held", f"{figures}: within the SLO"
 
 
@@ -148,8 +215,10 @@ def watch_step(
     step: str,
     split: list[tuple[str, int]],
     keep_warm: tuple[str, str] | None = None,
+    vllm: bool = False,
 ) -> StepResult:
-    """Watch ``revision`` for ``samples`` sampling periods from now; a breach ends the watch at once.
+    """Watch ``revision`` for ``samples`` sampling periods from now; a breach ends the watch at once. With ``vllm``
+    (the Prometheus sidecar runs beside it), also on vLLM's TTFT, TPOT and the streams that failed after their 200.
 
     The step is whole when its window has passed and either a sample ending after the window has been seen or the
     longest visibility delay has passed too. ``keep_warm`` (the previous revision's tag URL and its service URL, the
@@ -161,8 +230,10 @@ def watch_step(
     began = datetime.now(UTC)
     started = time.monotonic()
     while True:
-        seen = revision_traffic(target, service_id, revision, began, datetime.now(UTC))
-        verdict, reason = judge(seen, watch)
+        now = datetime.now(UTC)
+        seen = revision_traffic(target, service_id, revision, began, now)
+        signals = revision_signals(target, service_id, revision, began, now) if vllm else None
+        verdict, reason = judge(seen, watch, signals)
         elapsed = time.monotonic() - started
         window_seen = seen.newest_sample_end is not None and (seen.newest_sample_end - began).total_seconds() >= window
         whole = elapsed >= window and (window_seen or elapsed >= window + target.metrics_delay_seconds)
@@ -177,6 +248,9 @@ def watch_step(
         error_ratio=seen.error_ratio, p95_ms=seen.p95_ms, verdict=verdict, reason=reason,
         seconds=round(time.monotonic() - started, 2),
     )  # fmt: skip
+    if signals is not None:
+        result.stream_errors = signals.stream_errors
+        result.ttft_p95_ms, result.tpot_p95_ms = signals.ttft_p95_ms, signals.tpot_p95_ms
     (log.warning if result.breached else log.info)("%s: %s: %s", step, verdict, reason)
     return result
 
@@ -187,10 +261,35 @@ def _touch(url: str, token: SecretStr) -> None:
         httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {token.get_secret_value()}"}, timeout=10)
 
 
-def read_revision(target: GcpTarget, service_id: str, revision: str) -> RevisionTraffic:
-    """The revision's metrics of the last sampling periods: proves the watch can read them (permission, API)."""
+def read_revision(target: GcpTarget, service_id: str, revision: str, vllm: bool = False) -> RevisionTraffic:
+    """The revision's metrics of the last sampling periods: proves the watch can read them (permission, API).
+
+    With ``vllm``, also that the sidecar writes vLLM's metrics for it: its start-up scrape comes 10 s after it
+    starts, so this waits up to a sampling period and the longest delay for the first series, then says why none
+    came (the serving account's metricWriter role, or vLLM not on the scraped port)."""
     now = datetime.now(UTC)
-    return revision_traffic(target, service_id, revision, now - timedelta(seconds=target.metrics_delay_seconds), now)
+    seen = revision_traffic(target, service_id, revision, now - timedelta(seconds=target.metrics_delay_seconds), now)
+    if not vllm:
+        return seen
+    deadline = time.monotonic() + 2 * target.metrics_sample_seconds + target.metrics_delay_seconds
+    while True:
+        now = datetime.now(UTC)
+        signals = revision_signals(target, service_id, revision, now - timedelta(hours=1), now)
+        if signals.series:
+            return seen
+        if time.monotonic() >= deadline:
+            raise NoVllmMetrics(
+                f"no vLLM metrics for {revision} in Cloud Monitoring: the Prometheus sidecar writes them as the "
+                f"serving account, which needs {METRIC_WRITER_ROLE} (`gcloud projects add-iam-policy-binding "
+                f"{target.project} "
+                f"--member=serviceAccount:{target.service_account_email} --role={METRIC_WRITER_ROLE}`), and scrapes "
+                f"port {SCRAPE_PORT} only (container_port); the candidate's log in the Cloud Run console says which"
+            )
+        time.sleep(target.metrics_sample_seconds / 4)
+
+
+class NoVllmMetrics(RuntimeError):
+    """The sidecar wrote nothing for the candidate: the watch could not judge it on vLLM's metrics."""
 
 
 monitoring_watch_revision = task(name="monitoring_watch_revision")(watch_step)

@@ -23,6 +23,7 @@ from tasks import clients
 from tasks.build_identity import BUILD_BUCKET_ROLE, REPOSITORY_ROLE
 from tasks.gcp import gcp_errors
 from tasks.infra import repository_path
+from tasks.metrics_sidecar import METRIC_WRITER_ROLE
 from tasks.permissions import (
     ACT_AS,
     denied_permission,
@@ -72,6 +73,7 @@ SECRET_APIS = ("secretmanager.googleapis.com",)
 TEST_PERMISSIONS_BATCH = 100  # testIamPermissions takes at most 100 permissions per call
 
 # What the rendered service uses (tasks/render.py): ingress "all" (private through IAM) and all-traffic egress.
+SET_PROJECT_POLICY = "resourcemanager.projects.setIamPolicy"
 INGRESS = "all"
 VPC_EGRESS = "all-traffic"
 
@@ -167,7 +169,9 @@ def _granted(target: GcpTarget, permissions: list[str]) -> set[str]:
 
 def check_permissions(target: GcpTarget, profile: ServingProfile) -> Check:
     """The caller holds every permission of the deployer role table (``projects.testIamPermissions``)."""
-    wanted = required_permissions(building=profile.build is not None, hub_token=profile.hf_token_at_runtime)
+    wanted = required_permissions(
+        building=profile.build is not None, hub_token=profile.hf_token_at_runtime, metrics=profile.metrics == "vllm"
+    )
     return _held("deployer permissions", "the deployer roles", target, wanted)
 
 
@@ -229,6 +233,34 @@ def _act_as(name: str, target: GcpTarget, email: str) -> Check:
     return Check(name=name, status="fail", detail=f"{email} does not exist yet and {ACT_AS} is not granted on the "
                  "project, so the first deploy would be refused.",
                  fix=grant_command(target.project, "roles/iam.serviceAccountUser", ME))  # fmt: skip
+
+
+WRITER_ROLES = {METRIC_WRITER_ROLE, "roles/monitoring.editor", "roles/monitoring.admin", "roles/editor", "roles/owner"}
+
+
+def check_metric_writer(target: GcpTarget, profile: ServingProfile) -> Check:
+    """With metrics: vllm, the serving account may write vLLM's metrics (the sidecar writes as it), or promote can
+    grant it (the caller may set the project's IAM policy)."""
+    name = "serving account writes metrics"
+    if profile.metrics != "vllm":
+        return Check(name=name, status="ok", detail="no metrics sidecar (metrics: none): nothing to write.")
+    member = f"serviceAccount:{target.service_account_email}"
+    try:
+        policy = clients.projects(target).get_iam_policy(request={"resource": f"projects/{target.project}"})
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/iam.securityReviewer")
+    if any(b.role in WRITER_ROLES and member in b.members for b in policy.bindings):
+        return Check(name=name, status="ok", detail=f"{target.service_account_email} may write metrics.")
+    try:
+        can_grant = SET_PROJECT_POLICY in _granted(target, [SET_PROJECT_POLICY])
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/browser")
+    if can_grant:
+        return Check(name=name, status="ok", detail=f"promote grants {target.service_account_email} "
+                     f"{METRIC_WRITER_ROLE} (you may set the project's IAM policy).")  # fmt: skip
+    return Check(name=name, status="fail", detail=f"{target.service_account_email} lacks {METRIC_WRITER_ROLE} and you "
+                 "may not grant it: the sidecar's writes would be refused and the watch could not judge vLLM's "
+                 "metrics.", fix=grant_command(target.project, METRIC_WRITER_ROLE, member))  # fmt: skip
 
 
 def check_gpu_region(target: GcpTarget, profile: ServingProfile) -> Check:

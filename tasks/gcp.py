@@ -65,6 +65,7 @@ SERVICES = {
     "logging": ("Cloud Logging", "logging.googleapis.com"),
     "monitoring": ("Cloud Monitoring", "monitoring.googleapis.com"),
     "serviceusage": ("Service Usage", "serviceusage.googleapis.com"),
+    "cloudresourcemanager": ("Cloud Resource Manager", "cloudresourcemanager.googleapis.com"),
 }
 DISABLED_MARKERS = ("has not been used in project", "it is disabled", "SERVICE_DISABLED", "API has not been")
 

@@ -174,6 +174,18 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
         },
         purpose="run and follow the image build",
     ),
+    RoleNeed(
+        "roles/resourcemanager.projectIamAdmin",
+        "Project IAM Admin",
+        "the profile runs the metrics sidecar (metrics: vllm), until the serving account holds "
+        "roles/monitoring.metricWriter (an admin may grant it once instead)",
+        {
+            "resourcemanager.projects.getIamPolicy": "metrics: vllm: find the serving account's metricWriter binding",
+            "resourcemanager.projects.setIamPolicy": "metrics: vllm: grant the serving account "
+            "roles/monitoring.metricWriter",
+        },
+        purpose="grant the serving account roles/monitoring.metricWriter on the project, for the Prometheus sidecar",
+    ),
 )
 
 DOCTOR = "doctor (read-only checks)"
@@ -225,13 +237,15 @@ _OTHER_ROLES = {
 }
 
 
-def required_permissions(building: bool = True, hub_token: bool = True) -> list[str]:
+def required_permissions(building: bool = True, hub_token: bool = True, metrics: bool = True) -> list[str]:
     """Every project-level permission the deployer's flows (promote, scale, rollback, teardown) need: the
     ``DEPLOYER_ROLES`` rows, all of them by default, narrower when the targets never build an image or never store
     the Hub token. Doctor's own read permissions are not included (``doctor_permissions()``). Sorted, no repeats."""
     wanted = set()
     for need in DEPLOYER_ROLES:
         if (not building and "builds its image" in need.when) or (not hub_token and "hf_token_at_runtime" in need.when):
+            continue
+        if not metrics and "metrics: vllm" in need.when:
             continue
         wanted |= set(need.permissions)
     return sorted(wanted)

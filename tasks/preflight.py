@@ -19,6 +19,7 @@ from blocks.profile import CPU_MODE_ENV, DISALLOWED_MOUNT_ROOTS, MAX_CONCURRENCY
 from blocks.target import GcpTarget
 from tasks.image_reference import same_repository
 from tasks.images import check_local_source, prebuilt_findings
+from tasks.metrics_sidecar import SCRAPE_PORT, SIDECAR_CPU, SIDECAR_MEMORY_MIB, vllm_share
 from tasks.render import (
     COMPILE_S,
     CPU_PROBE_LIMIT_S,
@@ -184,9 +185,9 @@ def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -
 
 def check_service(profile: ServingProfile, service: run_v2.Service) -> list[Finding]:
     """Checks on the rendered service: what would actually be sent."""
-    findings: list[Finding] = []
+    findings: list[Finding] = check_containers(profile, service)
     template = service.template
-    container = template.containers[0]
+    container = next((c for c in template.containers if c.ports), template.containers[0])
     args = list(container.args)
     if same_repository(container.image, MODEL_GARDEN_VLLM_IMAGE) and args[:2] != ["vllm", "serve"]:
         findings.append(
@@ -246,6 +247,49 @@ def check_service(profile: ServingProfile, service: run_v2.Service) -> list[Find
     if env.get("HF_HUB_OFFLINE") != "1" and not profile.hf_token_at_runtime:
         findings.append(_warning("env", "HF_HUB_OFFLINE is not 1: a missing file would be fetched from the Hub", 11))
     return findings + check_runtime_hub(service)
+
+
+def check_containers(profile: ServingProfile, service: run_v2.Service) -> list[Finding]:
+    """Cloud Run's rules for several containers (one ingress container: the only one with a port; sidecars start
+    after what they depend on) and what the metrics sidecar needs to find vLLM (tasks/metrics_sidecar.py)."""
+    containers = list(service.template.containers)
+    findings: list[Finding] = []
+    ingress = [c.name for c in containers if c.ports]
+    if len(ingress) != 1:
+        findings.append(_error("containers", f"exactly one container must expose a port; {ingress or 'none'} do"))
+    names = {c.name for c in containers}
+    for container in containers:
+        unknown = [d for d in container.depends_on if d not in names or d == container.name]
+        if unknown:
+            findings.append(_error("containers", f"{container.name} depends on {unknown}: not another container"))
+    if profile.metrics != "vllm":
+        return findings
+    if profile.container_port != SCRAPE_PORT:
+        findings.append(
+            _error(
+                "container_port",
+                f"metrics: vllm: the Prometheus sidecar's default config scrapes port {SCRAPE_PORT} only (sidecars "
+                f"get no PORT), but vLLM listens on {profile.container_port}; set container_port to {SCRAPE_PORT}",
+            )
+        )
+    cpu, memory_mib = vllm_share(profile.cpu, profile.memory_gib, True)
+    if cpu < 1 or memory_mib < 1024:
+        findings.append(
+            _error(
+                "cpu",
+                f"metrics: vllm: the sidecar takes {SIDECAR_CPU} vCPU and {SIDECAR_MEMORY_MIB} MiB of the instance, "
+                f"leaving vLLM {cpu} vCPU and {memory_mib} MiB; raise cpu and memory_gib",
+            )
+        )
+    if not profile.cpu_always_allocated:
+        findings.append(
+            _warning(
+                "cpu_always_allocated",
+                "metrics: vllm: Google recommends instance-based billing for the Prometheus sidecar, or scrapes of an "
+                "idle instance may be throttled and lost; set cpu_always_allocated to true",
+            )
+        )
+    return findings
 
 
 def check_runtime_hub(service: run_v2.Service) -> list[Finding]:

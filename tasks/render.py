@@ -30,6 +30,7 @@ from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from tasks.image_reference import same_repository
 from tasks.images import keeps_model_garden_launcher
+from tasks.metrics_sidecar import sidecar_container, vllm_share
 
 PROBE_INITIAL_DELAY_S = 5
 PROBE_PERIOD_S = 2
@@ -218,7 +219,9 @@ def render_service(
     env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **profile.env}
     if entrypoint_style(image, profile) == "env-wrapper":
         env.update({"MODEL_PATH": model, "SERVED_MODEL_NAME": source.served_model_name})
-    limits = {"cpu": str(profile.cpu), "memory": f"{profile.memory_gib}Gi"}
+    sidecar = profile.metrics == "vllm"
+    cpu, memory_mib = vllm_share(profile.cpu, profile.memory_gib, sidecar)
+    limits = {"cpu": str(cpu), "memory": f"{profile.memory_gib}Gi" if not sidecar else f"{memory_mib}Mi"}
     if profile.gpu_type:
         limits["nvidia.com/gpu"] = "1"
     container = run_v2.Container(
@@ -235,7 +238,7 @@ def render_service(
     template = run_v2.RevisionTemplate(
         revision=revision,
         labels=service_labels(target, weights),
-        containers=[container],
+        containers=[container, sidecar_container(CONTAINER)] if sidecar else [container],
         scaling=run_v2.RevisionScaling(
             min_instance_count=profile.min_instances, max_instance_count=profile.max_instances
         ),
@@ -287,56 +290,85 @@ def _is_beta(service: run_v2.Service) -> bool:
 
 
 def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) -> str:
-    """The equivalent `gcloud run deploy`, for people who want to see or replay what the pipeline does."""
+    """The equivalent `gcloud run deploy`, for people who want to see or replay what the pipeline does.
+
+    With a sidecar, each container's flags follow its ``--container=NAME``, and the service's come before the first
+    (gcloud run deploy: "Flags following --container will apply to the specified container. Flags that are not
+    container-specific must be specified before --container")."""
     template = service.template
-    container = template.containers[0]
-    limits = dict(container.resources.limits)
-    probe = container.startup_probe
     # A preview feature (the RTX Pro 6000) needs the beta track, as seed 004 deploys it; it sets launchStage BETA.
     track = ["gcloud", "beta", "run", "deploy"] if _is_beta(service) else ["gcloud", "run", "deploy"]
+    ingress = next(c for c in template.containers if c.ports)
     parts = [
         *track, service_id,
         f"--project={target.project}", f"--region={target.region}",
-        f"--image={container.image}",
-        f"--cpu={limits['cpu']}", f"--memory={limits['memory']}",
         f"--concurrency={template.max_instance_request_concurrency}",
         f"--min-instances={template.scaling.min_instance_count}",
         f"--max-instances={template.scaling.max_instance_count}",
         f"--timeout={template.timeout.total_seconds():.0f}",
-        f"--port={container.ports[0].container_port}",
         f"--service-account={template.service_account}",
-        "--no-cpu-throttling" if not container.resources.cpu_idle else "--cpu-throttling",
+        "--no-cpu-throttling" if not ingress.resources.cpu_idle else "--cpu-throttling",
         f"--execution-environment={template.execution_environment.name.rsplit('_', 1)[-1].lower()}",
         "--no-allow-unauthenticated",
         f"--network={template.vpc_access.network_interfaces[0].network}",
         f"--subnet={template.vpc_access.network_interfaces[0].subnetwork}",
         f"--vpc-egress={_egress_flag(template)}",
-        f"--startup-probe=httpGet.path={probe.http_get.path},httpGet.port={probe.http_get.port},"
-        f"initialDelaySeconds={probe.initial_delay_seconds},periodSeconds={probe.period_seconds},"
-        f"timeoutSeconds={probe.timeout_seconds},failureThreshold={probe.failure_threshold}",
     ]  # fmt: skip
-    if "nvidia.com/gpu" in limits:
-        parts += ["--gpu=1", f"--gpu-type={template.node_selector.accelerator}"]
+    if template.node_selector.accelerator:
+        parts.append(f"--gpu-type={template.node_selector.accelerator}")
         parts.append(
             "--no-gpu-zonal-redundancy" if template.gpu_zonal_redundancy_disabled else "--gpu-zonal-redundancy"
         )
     for volume in template.volumes:
-        mount = next(m for m in container.volume_mounts if m.name == volume.name)
         parts.append(
             f"--add-volume=name={volume.name},type=cloud-storage,bucket={volume.gcs.bucket},readonly=true,"
             f"mount-options={';'.join(volume.gcs.mount_options)}"
         )
-        parts.append(f"--add-volume-mount=volume={volume.name},mount-path={mount.mount_path}")
+    labels = ",".join(f"{k}={v}" for k, v in sorted(template.labels.items()))
+    parts.append(f"--labels={labels}")
+    several = len(template.containers) > 1
+    for container in template.containers:
+        if several:
+            parts.append(f"--container={container.name}")
+        parts += _container_flags(container)
+    head, flags = " ".join(shlex.quote(p) for p in parts[: len(track) + 1]), parts[len(track) + 1 :]
+    return " \\\n  ".join([head, *(shlex.quote(flag) for flag in flags)])
+
+
+def _container_flags(container: run_v2.Container) -> list[str]:
+    """One container's gcloud flags (image, resources, port, probes, dependencies, mounts, env, args)."""
+    limits = dict(container.resources.limits)
+    flags = [f"--image={container.image}", f"--cpu={limits['cpu']}", f"--memory={limits['memory']}"]
+    if container.ports:
+        flags.append(f"--port={container.ports[0].container_port}")
+    if "nvidia.com/gpu" in limits:
+        flags.append("--gpu=1")
+    for name, probe in (("--startup-probe", container.startup_probe), ("--liveness-probe", container.liveness_probe)):
+        if probe.http_get.path:
+            settings = [f"httpGet.path={probe.http_get.path}", f"httpGet.port={probe.http_get.port}"]
+            settings += [f"{key}={getattr(probe, attr)}" for key, attr in PROBE_SETTINGS if getattr(probe, attr)]
+            flags.append(f"{name}={','.join(settings)}")
+    if container.depends_on:
+        flags.append(f"--depends-on={','.join(container.depends_on)}")
+    for mount in container.volume_mounts:
+        flags.append(f"--add-volume-mount=volume={mount.name},mount-path={mount.mount_path}")
     plain = {e.name: e.value for e in container.env if not e.value_source}
     secrets = {e.name: _secret_reference(e) for e in container.env if e.value_source}
     if plain:
-        parts.append(_gcloud_list("--set-env-vars", [f"{k}={v}" for k, v in plain.items()]))
+        flags.append(_gcloud_list("--set-env-vars", [f"{k}={v}" for k, v in plain.items()]))
     if secrets:
-        parts.append("--set-secrets=" + ",".join(f"{k}={v}" for k, v in secrets.items()))  # references, never values
-    labels = ",".join(f"{k}={v}" for k, v in sorted(template.labels.items()))
-    parts += [f"--labels={labels}", _gcloud_list("--args", list(container.args))]
-    head, flags = " ".join(shlex.quote(p) for p in parts[: len(track) + 1]), parts[len(track) + 1 :]
-    return " \\\n  ".join([head, *(shlex.quote(flag) for flag in flags)])
+        flags.append("--set-secrets=" + ",".join(f"{k}={v}" for k, v in secrets.items()))  # references, never values
+    if container.args:
+        flags.append(_gcloud_list("--args", list(container.args)))
+    return flags
+
+
+PROBE_SETTINGS = (
+    ("initialDelaySeconds", "initial_delay_seconds"),
+    ("periodSeconds", "period_seconds"),
+    ("timeoutSeconds", "timeout_seconds"),
+    ("failureThreshold", "failure_threshold"),
+)
 
 
 def _gcloud_list(flag: str, items: list[str]) -> str:
@@ -366,10 +398,34 @@ def _knative_volume(volume: run_v2.Volume) -> dict:
     return {"name": volume.name, "csi": csi}
 
 
+def _knative_probe(probe: run_v2.Probe) -> dict:
+    fields = {key: getattr(probe, attr) for key, attr in PROBE_SETTINGS if getattr(probe, attr)}
+    return {"httpGet": {"path": probe.http_get.path, "port": probe.http_get.port}, **fields}
+
+
+def _knative_container(container: run_v2.Container) -> dict:
+    """One container of the Knative spec: only what is set (a sidecar has no port, args or startup probe)."""
+    spec: dict = {"name": container.name, "image": container.image}
+    if container.args:
+        spec["args"] = list(container.args)
+    if container.ports:
+        spec["ports"] = [{"name": "http1", "containerPort": container.ports[0].container_port}]
+    if container.env:
+        spec["env"] = [_knative_env(e) for e in container.env]
+    spec["resources"] = {"limits": dict(container.resources.limits)}
+    if container.startup_probe.http_get.path:
+        spec["startupProbe"] = _knative_probe(container.startup_probe)
+    if container.liveness_probe.http_get.path:
+        spec["livenessProbe"] = _knative_probe(container.liveness_probe)
+    if container.volume_mounts:
+        spec["volumeMounts"] = [{"name": m.name, "mountPath": m.mount_path} for m in container.volume_mounts]
+    return spec
+
+
 def service_yaml(service_id: str, target: GcpTarget, service: run_v2.Service) -> str:
     """The service as Knative YAML for `gcloud run services replace` (secrets appear as references only)."""
     template = service.template
-    container = template.containers[0]
+    container = next(c for c in template.containers if c.ports)
     annotations = {
         "autoscaling.knative.dev/minScale": str(template.scaling.min_instance_count),
         "autoscaling.knative.dev/maxScale": str(template.scaling.max_instance_count),
@@ -381,32 +437,18 @@ def service_yaml(service_id: str, target: GcpTarget, service: run_v2.Service) ->
         ),
         "run.googleapis.com/vpc-access-egress": _egress_flag(template),
     }
+    dependencies = {c.name: list(c.depends_on) for c in template.containers if c.depends_on}
+    if dependencies:  # the Knative form of run.v2 dependsOn (run-gmp-sidecar's run-service.yaml)
+        annotations["run.googleapis.com/container-dependencies"] = json.dumps(dependencies)
     if template.node_selector.accelerator:
         annotations["run.googleapis.com/gpu-zonal-redundancy-disabled"] = str(
             bool(template.gpu_zonal_redundancy_disabled)
         ).lower()
-    probe = container.startup_probe
-    spec_container = {
-        "name": container.name,
-        "image": container.image,
-        "args": list(container.args),
-        "ports": [{"name": "http1", "containerPort": container.ports[0].container_port}],
-        "env": [_knative_env(e) for e in container.env],
-        "resources": {"limits": dict(container.resources.limits)},
-        "startupProbe": {
-            "httpGet": {"path": probe.http_get.path, "port": probe.http_get.port},
-            "initialDelaySeconds": probe.initial_delay_seconds,
-            "periodSeconds": probe.period_seconds,
-            "timeoutSeconds": probe.timeout_seconds,
-            "failureThreshold": probe.failure_threshold,
-        },
-        "volumeMounts": [{"name": m.name, "mountPath": m.mount_path} for m in container.volume_mounts],
-    }
     spec: dict = {
         "containerConcurrency": template.max_instance_request_concurrency,
         "timeoutSeconds": int(template.timeout.total_seconds()),
         "serviceAccountName": template.service_account,
-        "containers": [spec_container],
+        "containers": [_knative_container(c) for c in template.containers],
         "volumes": [_knative_volume(v) for v in template.volumes],
     }
     if template.node_selector.accelerator:

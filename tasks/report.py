@@ -92,8 +92,8 @@ class PromotionReport(BaseModel):
             lines += ["**Fix these first:**", "", *[f"- {_md(f)}" for f in errors], ""]
         lines += ["| | |", "|---|---|", *self._key_figures(), ""]
         if self.delivery:  # what the service's own metrics said at each traffic step, beside what the run did
-            lines += ["## Traffic steps", "", "| step | traffic | requests | 5xx | p95 | verdict |",
-                      "|---|---|---|---|---|---|", *[_step_row(step) for step in self.delivery], ""]  # fmt: skip
+            lines += ["## Traffic steps", "", STEPS_HEADER, "|---|---|---|---|---|---|---|---|---|",
+                      *[_step_row(step) for step in self.delivery], ""]  # fmt: skip
         lines += ["## Details", "", "| | |", "|---|---|", *self._details()]
         if self.steps:
             lines += ["", "### Steps", "", "| step | seconds | ok |", "|---|---|---|"]
@@ -215,11 +215,20 @@ def _timing(steps: list[Step]) -> str:
     return f"{total:.1f} s in all, slowest {slowest.name} {slowest.seconds:.1f} s: {each}"
 
 
+STEPS_HEADER = "| step | traffic | requests | 5xx | stream errors | TTFT p95 | TPOT p95 | request p95 | verdict |"
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:,.0f} ms" if value is not None else "-"
+
+
 def _step_row(step: StepResult) -> str:
+    """One traffic step; TTFT, TPOT and stream errors are "-" when the watch had only Cloud Run's request metrics."""
     ratio = f"{step.errors} ({step.error_ratio:.1%})" if step.error_ratio is not None else "-"
-    p95 = f"{step.p95_ms:,.0f} ms" if step.p95_ms is not None else "-"
+    streams = str(step.stream_errors) if step.stream_errors is not None else "-"
     verdict = step.verdict.upper() if step.breached else step.verdict
-    return f"| {step.step} | {step.split} | {step.requests} | {ratio} | {p95} | {verdict}: {step.reason} |"
+    return (f"| {step.step} | {step.split} | {step.requests} | {ratio} | {streams} | {_ms(step.ttft_p95_ms)} | "
+            f"{_ms(step.tpot_p95_ms)} | {_ms(step.p95_ms)} | {verdict}: {step.reason} |")  # fmt: skip
 
 
 def _attempts(attempts: list[BuildAttempt]) -> str:

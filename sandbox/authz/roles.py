@@ -2,10 +2,10 @@
 
 Source: Google's IAM roles and permissions reference, one page per service
 (https://cloud.google.com/iam/docs/roles-permissions/run, .../storage, .../compute, .../iam, .../secretmanager,
-.../artifactregistry, .../cloudbuild, .../logging, .../serviceusage, .../resourcemanager, .../orgpolicy) and the
-Cloud Run roles page (https://cloud.google.com/run/docs/reference/iam/roles: run.admin holds run.*; run.developer
-everything but setIamPolicy). Only permissions on APIs the sandbox emulates are listed; a role's permissions on
-other services (recommender.*, monitoring.*, ...) are left out because nothing here checks them.
+.../artifactregistry, .../cloudbuild, .../logging, .../monitoring, .../serviceusage, .../resourcemanager, .../orgpolicy)
+and the Cloud Run roles page (https://cloud.google.com/run/docs/reference/iam/roles: run.admin holds run.*;
+run.developer everything but setIamPolicy). Only permissions on APIs the sandbox emulates are listed; a role's
+permissions on other services (recommender.*, ...) are left out because nothing here checks them.
 
 Entries are exact permissions or ``fnmatch`` patterns ("run.*", "*.get"). The basic roles (owner, editor,
 viewer) are patterns with exceptions, as Google documents them: Editor cannot change IAM policies nor read secret
@@ -223,6 +223,16 @@ ROLES: dict[str, tuple[str, ...]] = {
     # Cloud Monitoring (https://cloud.google.com/iam/docs/roles-permissions/monitoring): reading time series is
     # monitoring.timeSeries.list, held by monitoring.viewer and the roles above it.
     "roles/monitoring.viewer": ("monitoring.*.get", "monitoring.*.list", *_PROJECT_READ),
+    # Writing them is monitoring.timeSeries.create: the role a Cloud Run service account needs for the Managed
+    # Service for Prometheus sidecar (run-gmp-sidecar README); these are its permissions on that reference page.
+    "roles/monitoring.metricWriter": (
+        "monitoring.metricDescriptors.create",
+        "monitoring.metricDescriptors.get",
+        "monitoring.metricDescriptors.list",
+        "monitoring.monitoredResourceDescriptors.get",
+        "monitoring.monitoredResourceDescriptors.list",
+        "monitoring.timeSeries.create",
+    ),
     "roles/monitoring.editor": ("monitoring.*", *_PROJECT_READ),
     "roles/monitoring.admin": ("monitoring.*", *_PROJECT_READ),
     # Service Usage, Resource Manager, Org Policy ---------------------------------------------------------------

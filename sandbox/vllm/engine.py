@@ -12,11 +12,12 @@ import contextlib
 import functools
 import hashlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from sandbox.vllm import VLLM_VERSION
+from sandbox.vllm import VLLM_VERSION, metrics
 from sandbox.vllm.cli import ServeArgs
 from sandbox.vllm.errors import VllmStartupError
 from sandbox.vllm.hardware import (
@@ -244,8 +245,131 @@ def boot(args: ServeArgs, env: InstanceEnv, log: VllmLog, clock: SimClock) -> En
     return _Boot(args, env, log, clock).run()
 
 
+# vLLM's finish reasons in the order its request_success counter creates (and prints) them
+# (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS).
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """One engine request that finished (a prompt's choice: vLLM runs each of ``n`` choices and each prompt of a
+    completions batch as its own engine request), with its phases in SIMULATED seconds since it arrived, as
+    vllm/v1/metrics/stats.py ``update_from_finished_request`` derives them."""
+
+    reason: str
+    prompt_tokens: int
+    generation_tokens: int
+    scheduled_s: float  # arrival to its batch slot: the queue wait
+    first_token_s: float  # arrival to its first output (its first token, or its error finish)
+    decode_s: float  # first to last token
+
+    @property
+    def e2e_s(self) -> float:
+        """Arrival to the last token."""
+        return self.first_token_s + self.decode_s
+
+    @property
+    def time_per_output_token_s(self) -> float:
+        """Decode time per token after the first; 0 below 2 tokens, and observed even then (stats.py)."""
+        return self.decode_s / (self.generation_tokens - 1) if self.generation_tokens > 1 else 0.0
+
+
+class _EngineMetrics:
+    """The counters and histograms behind /metrics; the caller holds EngineState's lock."""
+
+    _HISTOGRAMS = (
+        # (family, HELP text as the engine prints it, which bucket list)
+        ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "tokens"),
+        ("vllm:request_generation_tokens", "Number of generation tokens processed.", "tokens"),
+        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+        ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+        (
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            "itl",
+        ),
+        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "latency"),
+        ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "latency"),
+        ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", "latency"),
+        ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "latency"),
+        ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "latency"),
+    )
+
+    def __init__(self, max_model_len: int) -> None:
+        buckets = {
+            "tokens": metrics.request_tokens_buckets(max_model_len),
+            "ttft": metrics.TIME_TO_FIRST_TOKEN_BUCKETS,
+            "itl": metrics.INTER_TOKEN_LATENCY_BUCKETS,
+            "latency": metrics.REQUEST_LATENCY_BUCKETS,
+        }
+        # vLLM creates every vllm: series when the engine starts (prometheus_client stamps each ``_created`` then).
+        self.created = time.time()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished = dict.fromkeys(FINISHED_REASONS, 0)
+        self.histograms = {name: metrics.Histogram(buckets[kind]) for name, _, kind in self._HISTOGRAMS}
+        # (handler, method, status group) -> [count, created]; insertion order is the print order.
+        self.http: dict[tuple[str, str, str], list[float]] = {}
+
+    def render(self, model_name: str, running: int, waiting: int) -> bytes:
+        labels = {"engine": "0", "model_name": model_name}
+        created = self.created
+        families = [
+            metrics.gauge(
+                "vllm:num_requests_running", "Number of requests in model execution batches.", labels, running
+            ),
+            metrics.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, waiting),
+            metrics.counter(
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                [(labels, self.prompt_tokens, created)],
+            ),
+            metrics.counter(
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+                [(labels, self.generation_tokens, created)],
+            ),
+            metrics.counter(
+                "vllm:request_success_total",
+                "Count of successfully processed requests.",
+                [({**labels, "finished_reason": r}, n, created) for r, n in self.finished.items()],
+            ),
+        ]
+        for name, help_text, _ in self._HISTOGRAMS:
+            families.append(metrics.histogram(name, help_text, labels, self.histograms[name], created))
+        families.append(
+            metrics.counter(
+                "http_requests_total",
+                "Total number of requests by method, status and handler.",
+                [({"handler": h, "method": m, "status": s}, n, when) for (h, m, s), (n, when) in self.http.items()],
+                always=False,
+            )
+        )
+        return metrics.text(families)
+
+
 class EngineState:
-    """The running engine as requests see it: liveness, batch slots, and counters for /metrics."""
+    """The running engine as requests see it: liveness, batch slots, and what /metrics exports.
+
+    Metrics follow vLLM's frontend (vllm/v1/engine/output_processor.py, vllm/v1/metrics/stats.py and loggers.py;
+    the real engine's /metrics captured on this machine, tests/engine/test_calibration.py), all durations in
+    SIMULATED seconds:
+
+    - per engine output: prompt_tokens_total at the first token (with its TTFT: arrival to first token, queue wait
+      and prefill included), generation_tokens_total and one inter-token latency per later token, streamed or not
+      (the capture: 3 non-streamed requests of 8 tokens and 3 streamed of 16 observe 66 ITLs);
+    - per finished engine request (``finish``): request_success_total{finished_reason} and the request
+      histograms (e2e, queue, prefill, decode, inference, time per output token, prompt and generation tokens).
+      An engine-side ERROR finish counts there like any other: request_success_total{finished_reason="error"};
+      an error before the first token also observes a TTFT (its output arrives while the request is prefilling)
+      and no prompt tokens (it carries no prefill stats);
+    - a client disconnect finishes nothing: vLLM aborts the request in the frontend, which drops it before any
+      finished stats (output_processor.abort_requests), so abort stays 0 and only the tokens already produced
+      count (the capture: a disconnect after 2 tokens adds 1 TTFT, 1 ITL, 2 generation tokens, no finish);
+    - http_requests_total{handler,method,status} by prometheus-fastapi-instrumentator: status grouped ("2xx"),
+      counted once a request was answered, never for the handlers vLLM excludes (server.py); a stream counts its
+      200 whatever its events carry. Printed with HELP/TYPE only until the first such request, as the engine does.
+    """
 
     def __init__(self, config: EngineConfig, faults: Faults, log: VllmLog) -> None:
         self.config = config
@@ -256,12 +380,10 @@ class EngineState:
         self._slots = threading.BoundedSemaphore(config.max_num_seqs)
         self._admitted = 0
         self._dead = faults.engine_dead_after_requests is not None and faults.engine_dead_after_requests <= 0
+        self._completed = 0
+        self._metrics = _EngineMetrics(config.max_model_len)
         self.running = 0
         self.waiting = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.success_total = 0
-        self.finished: dict[str, int] = {}
 
     @property
     def dead(self) -> bool:
@@ -296,21 +418,62 @@ class EngineState:
             self._dead = True
         self._log.error("core_client.py:817", "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
 
-    def finish(self, prompt_tokens: int, completion_tokens: int, reasons: Sequence[str]) -> None:
-        """Record a finished request (``reasons``: each choice's finish_reason, counted as vLLM's
-        request_success_total{finished_reason} counts them); the engine-death fault fires after the count."""
+    # --- what /metrics counts ------------------------------------------------------------------------------
+
+    def first_output(self, prompt_tokens: int, new_tokens: int, ttft_s: float) -> None:
+        """An engine request's first output: its prompt's tokens, its first token(s) and its TTFT."""
         with self._lock:
-            self.prompt_tokens_total += prompt_tokens
-            self.generation_tokens_total += completion_tokens
-            self.success_total += 1
-            for reason in reasons:
-                self.finished[reason] = self.finished.get(reason, 0) + 1
+            self._metrics.prompt_tokens += prompt_tokens
+            self._metrics.generation_tokens += new_tokens
+            self._metrics.histograms["vllm:time_to_first_token_seconds"].observe(ttft_s)
+
+    def next_tokens(self, count: int, itl_s: float) -> None:
+        """``count`` later tokens of engine requests, each ``itl_s`` after the request's previous one."""
+        with self._lock:
+            self._metrics.generation_tokens += count
+            itl = self._metrics.histograms["vllm:inter_token_latency_seconds"]
+            for _ in range(count):
+                itl.observe(itl_s)
+
+    def finish(self, request: FinishedRequest) -> None:
+        """One engine request finished (vllm/v1/metrics/loggers.py ``record``: the finished_requests loop)."""
+        observed = {
+            "vllm:request_prompt_tokens": request.prompt_tokens,
+            "vllm:request_generation_tokens": request.generation_tokens,
+            "vllm:request_time_per_output_token_seconds": request.time_per_output_token_s,
+            "vllm:e2e_request_latency_seconds": request.e2e_s,
+            "vllm:request_queue_time_seconds": request.scheduled_s,
+            "vllm:request_inference_time_seconds": request.e2e_s - request.scheduled_s,
+            "vllm:request_prefill_time_seconds": request.first_token_s - request.scheduled_s,
+            "vllm:request_decode_time_seconds": request.decode_s,
+        }
+        with self._lock:
+            self._metrics.finished[request.reason] += 1
+            for name, value in observed.items():
+                self._metrics.histograms[name].observe(value)
+
+    def http_answered(self, handler: str, method: str, status: int) -> None:
+        """One HTTP answer under its instrumentator ``handler`` label (server.py decides which are counted)."""
+        key = (handler, method, f"{str(status)[0]}xx")
+        with self._lock:
+            child = self._metrics.http.setdefault(key, [0, time.time()])
+            child[0] += 1
+
+    def metrics_text(self) -> bytes:
+        """The /metrics body."""
+        with self._lock:
+            return self._metrics.render(self.config.served_names[0], self.running, self.waiting)
+
+    # --- requests and the engine-death fault ------------------------------------------------------------------
+
+    def completed(self) -> None:
+        """A generation request was served to its end; the fault engine_dead_after_requests fires after the count."""
+        with self._lock:
+            self._completed += 1
             limit = self.faults.engine_dead_after_requests
-            if limit is not None and not self._dead and self.success_total >= limit:
+            died = limit is not None and not self._dead and self._completed >= limit
+            if died:
                 self._dead = True
-                died = True
-            else:
-                died = False
         if died:
             self._log.error(
                 "core_client.py:564",
@@ -318,16 +481,20 @@ class EngineState:
             )
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold one of max_num_seqs batch slots while generating."""
+    def slot(self) -> Iterator[float]:
+        """Hold one of max_num_seqs batch slots while generating; yields the REAL seconds spent waiting for it."""
         with self._lock:
             self.waiting += 1
-        self._slots.acquire()
+        waited = 0.0
+        if not self._slots.acquire(blocking=False):
+            started = time.monotonic()
+            self._slots.acquire()
+            waited = time.monotonic() - started
         with self._lock:
             self.waiting -= 1
             self.running += 1
         try:
-            yield
+            yield waited
         finally:
             with self._lock:
                 self.running -= 1

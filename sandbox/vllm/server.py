@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import socketserver
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -34,6 +35,9 @@ _ROUTES: dict[str, dict[str, str]] = {
     "/v1/chat/completions": {"POST": "chat_completions"},
     "/v1/completions": {"POST": "completions"},
 }
+# Paths vLLM's prometheus-fastapi-instrumentator leaves out of http_requests_total: its excluded_handlers
+# (vllm/entrypoints/serve/instrumentator/metrics.py), regexes searched in the handler, so substrings here.
+UNINSTRUMENTED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
 
 
 def reserve_port(args: ServeArgs, env: InstanceEnv, log: VllmLog) -> socket.socket:
@@ -108,19 +112,33 @@ class _Handler(BaseHTTPRequestHandler):
         methods = _ROUTES.get(path)
         method = "GET" if self.command == "HEAD" else self.command
         api = self.server.api
+        # prometheus-fastapi-instrumentator's handler label: the matched route (a wrong method still matches its
+        # path), or "none" for a path no route has; excluded handlers go uncounted.
+        instrumented = not any(excluded in path for excluded in UNINSTRUMENTED)
+        label = path if methods is not None else "none"
         if methods is None:
             response = Response(404, dumps({"detail": "Not Found"}))
         elif method not in methods:
             response = Response(405, dumps({"detail": "Method Not Allowed"}))
         elif not api.authorized(path, {k.lower(): v for k, v in self.headers.items()}):
             response = Response(401, dumps({"error": "Unauthorized"}))
+            # vLLM adds its API-key middleware after the instrumentator, so Starlette runs it outside: not counted.
+            instrumented = False
         else:
             name = methods[method]
             handler = getattr(api, name)
             response = handler(body) if name in ("chat_completions", "completions") else handler()
-        self._send(response)
+        command = self.command
 
-    def _send(self, response: Response) -> None:
+        def answered() -> None:
+            if instrumented:
+                api.engine.http_answered(label, command, response.status)
+
+        self._send(response, answered)
+
+    def _send(self, response: Response, answered: Callable[[], None]) -> None:
+        """Send the response; ``answered`` counts it in /metrics just before its last bytes go out (the
+        instrumentator counts once the app returns; a client that has read the whole answer sees it counted)."""
         self.send_response_only(response.status)
         self.send_header("date", self.date_time_string())
         self.send_header("server", "uvicorn")
@@ -130,6 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("content-length", str(len(response.body)))
             self.end_headers()
             self._log_access(response.status)
+            answered()
             if self.command != "HEAD":
                 self.wfile.write(response.body)
             return
@@ -140,11 +159,17 @@ class _Handler(BaseHTTPRequestHandler):
             for chunk in response.stream:
                 self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
                 self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
-            # The client went away mid-stream; vLLM aborts the request the same way.
+            # The client went away mid-stream; vLLM aborts the request the same way. Its 200 was sent: it counts.
             self.close_connection = True
             response.stream.close()  # type: ignore[attr-defined]
+            answered()
+            return
+        answered()
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
     def do_GET(self) -> None:
         """Route a GET request."""

@@ -82,16 +82,22 @@ class Generated:
         return "".join(self.pieces)
 
 
-def generate(model_name: str, prompt: str, index: int, max_tokens: int, ignore_eos: bool = False) -> Generated:
+def generate(
+    model_name: str, prompt: str, index: int, max_tokens: int, ignore_eos: bool = False, min_tokens: int = 0
+) -> Generated:
     """The answer ``model_name`` gives to ``prompt`` (choice ``index``), at most ``max_tokens`` long.
 
     ``ignore_eos`` (vLLM's sampling parameter): the answer never ends by itself, only at ``max_tokens``.
+    ``min_tokens`` (as vLLM's sampling parameter: no end of sequence before it): an answer that would end sooner
+    goes on with more words to at least that many tokens; its first words stay those it had without.
     """
     digest = hashlib.sha256(f"{model_name}\0{prompt}\0{index}".encode()).digest()
     rng = random.Random(int.from_bytes(digest[:8], "big"))
     natural = MIN_NATURAL_TOKENS + rng.randrange(NATURAL_TOKEN_SPREAD)
     if ignore_eos:
         natural = max_tokens + 1
+    # The words are drawn after the length, one per token, so a longer answer extends the same sequence.
+    natural = max(natural, min_tokens)
     length = min(natural, max_tokens)
     words = [rng.choice(_WORDS) for _ in range(length)]
     pieces = [(" " if i else "") + (w.capitalize() if i == 0 else w) for i, w in enumerate(words)]

@@ -161,6 +161,12 @@ def _promote_a_new_revision(service: str, build_source: Path, **_: object) -> No
     promote(service, save_profile(f"{service}-watched", build_source, service, max_instances=3))
 
 
+def _promote_with_the_metrics_sidecar(service: str, build_source: Path, **_: object) -> None:
+    """metrics: vllm: the serving account must hold roles/monitoring.metricWriter, which promote grants on the
+    project (or an admin grants once)."""
+    promote(service, save_profile(f"{service}-metrics", build_source, service, metrics="vllm"))
+
+
 def _doctor(profile: str, **_: object) -> None:
     doctor(target="sandbox", profile=profile)
 
@@ -176,6 +182,7 @@ STEPS: dict[str, Callable[..., None]] = {
     "roles/secretmanager.admin": _promote_again,
     "roles/artifactregistry.admin": _promote_again,
     "roles/cloudbuild.builds.editor": _promote_a_new_build,
+    "roles/resourcemanager.projectIamAdmin": _promote_with_the_metrics_sidecar,
     "roles/serviceusage.serviceUsageViewer": _doctor,
     "roles/orgpolicy.policyViewer": _doctor,
 }

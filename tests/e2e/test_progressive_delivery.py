@@ -71,7 +71,7 @@ def test_a_candidate_failing_under_traffic_is_rolled_back_within_the_watch(
     fails_under_traffic(sb, service)
     samples = 10
     since = sb.last_request_seq()
-    breach = r"watch 100 % breached the SLO: \d+ requests, \d+ 5xx, p95 [\d,]+ ms: 5xx ratio"
+    breach = r"watch 100 % breached the SLO: \d+ requests, \d+ 5xx, request p95 [\d,]+ ms: 5xx ratio"
     with pytest.raises(Exception, match=breach):
         promote(service, revision="dev", watch={"samples": samples, **SLO})
     rolled_back_at = time.monotonic()

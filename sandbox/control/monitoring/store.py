@@ -10,13 +10,20 @@ the clock model loads and probes run on too.
 
 request_count and request_latencies have a DELTA point for each period with requests (none for quiet periods);
 instance_count has a GAUGE point per period for each revision with a running instance (all counted "active").
+
+Written series (``write``): what a writer sent with timeSeries.create, so far only the GMP sidecar stand-in
+(sandbox/control/run/gmp_sidecar.py) with Managed Service for Prometheus series. Each write keeps its points as sent
+(a CUMULATIVE point per scrape, its start the series' start); a point becomes visible to timeSeries.list
+``prometheus_ingest_delay_seconds`` simulated seconds after it was written (sandbox/config.py; Google publishes no
+figure for it). The first write of a metric type creates its descriptor (kind, value type), as Monitoring does for
+custom metrics; a later point of another kind or value type is dropped, as Monitoring refuses it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sandbox.config import SandboxConfig
 from sandbox.control.monitoring.metrics import (
@@ -25,11 +32,14 @@ from sandbox.control.monitoring.metrics import (
     REQUEST_COUNT,
     REQUEST_LATENCIES,
     RESOURCE_TYPE,
+    Descriptor,
     Distribution,
+    ExplicitDistribution,
 )
 
 SAMPLE_PERIOD_SIM_S = 60
 MAX_EVENTS = 200_000
+MAX_POINTS_PER_WRITTEN_SERIES = 50_000  # a bound on memory for a long sandbox session, far above any test's need
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,26 @@ class InstanceSample:
 class Point:
     start: float
     end: float
-    value: int | float | Distribution
+    value: int | float | Distribution | ExplicitDistribution
+
+
+@dataclass(frozen=True)
+class TimeSeriesWrite:
+    """One series with one point, as timeSeries.create takes it."""
+
+    metric_type: str
+    metric_labels: dict[str, str]
+    resource_type: str
+    resource_labels: dict[str, str]
+    kind: str  # GAUGE / CUMULATIVE
+    value_type: str  # DOUBLE / DISTRIBUTION
+    point: Point
+
+
+@dataclass
+class WrittenSeries:
+    head: TimeSeriesWrite  # the first write: labels, kind and value type
+    points: deque[tuple[Point, float]] = field(default_factory=lambda: deque(maxlen=MAX_POINTS_PER_WRITTEN_SERIES))
 
 
 @dataclass
@@ -90,6 +119,8 @@ class MetricStore:
         self.config = config
         self.events: deque[RequestEvent] = deque(maxlen=MAX_EVENTS)
         self.samples: deque[InstanceSample] = deque(maxlen=MAX_EVENTS)
+        self.written: dict[tuple, WrittenSeries] = {}
+        self.written_descriptors: dict[str, Descriptor] = {}
 
     @property
     def period(self) -> float:
@@ -110,8 +141,47 @@ class MetricStore:
     def sample(self, sample: InstanceSample) -> None:
         self.samples.append(sample)
 
+    def descriptors(self) -> dict[str, Descriptor]:
+        """Every metric type timeSeries.list knows: Cloud Run's and those written so far."""
+        return {**self.written_descriptors, **DESCRIPTORS}
+
+    def write(self, series: list[TimeSeriesWrite], at: float) -> int:
+        """Keep the points of a timeSeries.create made at real time ``at``; returns how many were accepted."""
+        accepted = 0
+        for each in series:
+            descriptor = self.written_descriptors.setdefault(
+                each.metric_type, Descriptor(each.metric_type, each.kind, each.value_type, "")
+            )
+            if (descriptor.kind, descriptor.value_type) != (each.kind, each.value_type):
+                continue
+            key = (
+                each.metric_type,
+                each.resource_type,
+                tuple(sorted(each.resource_labels.items())),
+                tuple(sorted(each.metric_labels.items())),
+            )
+            self.written.setdefault(key, WrittenSeries(each)).points.append((each.point, at))
+            accepted += 1
+        return accepted
+
+    def written_series(self, metric_type: str, now: float) -> list[Series]:
+        """The written series of ``metric_type`` with the points visible at real time ``now``, newest first."""
+        horizon = now - self.config.prometheus_ingest_delay_seconds * self.config.time_scale
+        found = []
+        for (kind_type, *_), written in self.written.items():
+            if kind_type != metric_type:
+                continue
+            head = written.head
+            points = [point for point, at in reversed(written.points) if at <= horizon]
+            points.sort(key=lambda p: p.end, reverse=True)
+            found.append(Series(head.metric_type, dict(head.metric_labels), dict(head.resource_labels), head.kind,
+                                head.value_type, "", points, head.resource_type))  # fmt: skip
+        return found
+
     def raw_series(self, metric_type: str, now: float) -> list[Series]:
         """Every series of ``metric_type`` with the points visible at ``now``."""
+        if metric_type not in DESCRIPTORS:
+            return self.written_series(metric_type, now)
         descriptor = DESCRIPTORS[metric_type]
         horizon = self.visible_until(now)
         buckets: dict[tuple, dict[float, list]] = {}

@@ -26,6 +26,7 @@ from sandbox.authz import has_permission
 from sandbox.control import ControlContext
 from sandbox.control.cloudbuild.image_config import plan_launch
 from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
+from sandbox.control.logging.entries import instance_id_for
 from sandbox.control.run import resources as res
 from sandbox.control.run.dependencies import (
     RevisionStartError,
@@ -36,11 +37,20 @@ from sandbox.control.run.dependencies import (
 )
 from sandbox.control.run.egress import Internet
 from sandbox.control.run.frontend import FrontEnd, Routing
+from sandbox.control.run.gmp_sidecar import GmpSidecar, RunEnvironment, startup_probe_passes
 from sandbox.control.run.iam_policy import new_policy, post_policy_method
-from sandbox.control.run.images import DRIVERS, image_behaviour
+from sandbox.control.run.images import DRIVERS, GMP_COLLECTOR, image_behaviour
 from sandbox.control.run.instances import Instance, InstanceSpec
 from sandbox.control.run.jobs import CloudRunJobs
-from sandbox.control.run.validation import GPU_LIMIT_KEY, check_service, check_service_id, check_tag, has_field
+from sandbox.control.run.validation import (
+    GPU_LIMIT_KEY,
+    check_service,
+    check_service_id,
+    check_tag,
+    has_field,
+    ingress_index,
+    start_waves,
+)
 from sandbox.faults import FaultMiddleware
 from sandbox.serving import ServedApp, serve_app
 
@@ -427,10 +437,11 @@ class CloudRun:
         except Exception as exc:  # a sandbox bug must still end the operation
             self._finish(op, error=GoogleApiError(500, f"sandbox: {exc!r}", "INTERNAL"))
             raise
-        port = revision.containers[0].ports[0].container_port if revision.containers[0].ports else 8080
+        ingress = res.ingress_container(revision.containers)
+        port = ingress.ports[0].container_port if ingress.ports else res.DEFAULT_PORT
         if outcome is None or not outcome.ready:
             exit_code = outcome.exit_code if outcome else None
-            configured = has_field(revision.containers[0], "startup_probe")
+            configured = has_field(ingress, "startup_probe")
             message = res.not_ready_message(short, port, revision.log_uri, exit_code, configured)
             self._fail_revision(record, revision, op, message, run_v2.Condition.CommonReason.REVISION_FAILED)
             return
@@ -555,12 +566,19 @@ class CloudRun:
 
     # Instances --------------------------------------------------------------------------------------------
     def _instance_spec(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict) -> InstanceSpec:
-        container = next((c for c in revision.containers if c.ports), revision.containers[0])
+        container = res.ingress_container(revision.containers)
         behaviour = resolve_image(self.ctx, container.image)
         if behaviour is None:
             raise RevisionStartError(
                 f"Image '{container.image}' not found.", run_v2.Condition.CommonReason.CONTAINER_MISSING
             )
+        if behaviour.kind == GMP_COLLECTOR:
+            # The collector never listens on PORT: as the ingress container it fails its startup probe.
+            port = container.ports[0].container_port if container.ports else res.DEFAULT_PORT
+            message = res.not_ready_message(
+                revision.name.rsplit("/", 1)[1], port, revision.log_uri, None, has_field(container, "startup_probe")
+            )
+            raise RevisionStartError(message, run_v2.Condition.CommonReason.REVISION_FAILED)
         accelerator = revision.node_selector.accelerator if dict(container.resources.limits).get(GPU_LIMIT_KEY) else ""
         # A built image runs its own ENTRYPOINT/CMD/ENV (recorded by the Cloud Build stand-in), a prebuilt one
         # its known launcher; the container's command/args override them as on Cloud Run.
@@ -590,13 +608,63 @@ class CloudRun:
         )
 
     async def _start_instance(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict):
+        """Start the revision's containers in dependsOn order: each wave once the previous one passed its startup
+        probes (validation.start_waves); the ingress container is the process, sidecars run in-process."""
         spec = await self.internet.wire(self._instance_spec(record, revision, faults), revision)
         workdir = self.state_dir / record.service_id / spec.revision
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
         instance = Instance(spec, workdir, self.gcs_url, self.config.time_scale)
         self.instances[revision.name] = instance
-        return await instance.start()
+        containers = list(revision.containers)
+        ingress = ingress_index(containers)
+        sidecars = {i: self._sidecar(record, revision, instance, c) for i, c in enumerate(containers) if i != ingress}
+        instance.sidecars = list(sidecars.values())
+        outcome = None
+        for wave in start_waves(containers):
+            for index in wave:
+                if index == ingress:
+                    continue
+                if not startup_probe_passes(containers[index]):
+                    # Cloud Run's words for a sidecar failing its probe are not public: not_ready_message's shape.
+                    await instance.stop_sidecars()
+                    short = spec.revision
+                    raise RevisionStartError(
+                        f"Revision '{short}' is not ready and cannot serve traffic. The user-provided container "
+                        f"'{containers[index].name}' failed the configured startup probe checks. Logs for this "
+                        f"revision might contain more information.\n\nLogs URL: {revision.log_uri}",
+                        run_v2.Condition.CommonReason.REVISION_FAILED,
+                    )
+                sidecars[index].start()
+            if ingress in wave:
+                outcome = await instance.start()
+                if not outcome.ready:
+                    await instance.stop_sidecars()  # those started beside it; later waves never start
+                    return outcome
+        return outcome
+
+    def _sidecar(
+        self, record: ServiceRecord, revision: run_v2.Revision, instance: Instance, container: run_v2.Container
+    ) -> GmpSidecar:
+        behaviour = resolve_image(self.ctx, container.image)
+        if behaviour is None or behaviour.kind != GMP_COLLECTOR:  # admission refuses these (dependencies.py)
+            raise RevisionStartError(
+                f"Image '{container.image}' not found.", run_v2.Condition.CommonReason.CONTAINER_MISSING
+            )
+        env = RunEnvironment(
+            project=self.config.project,
+            location=revision.name.split("/")[3],
+            service=record.service_id,
+            revision=revision.name.rsplit("/", 1)[1],
+            configuration=record.service_id,
+            service_account=revision.service_account,
+        )
+
+        def instance_id() -> str:
+            # The id Cloud Logging gives the instance's log entries (logging/entries.py), so both agree.
+            return instance_id_for(revision.name, instance.process.pid if instance.process is not None else None)
+
+        return GmpSidecar(container, env, instance, self.ctx.module("monitoring"), instance_id)
 
     async def _instance_url(self, record: ServiceRecord, short: str) -> str | None:
         """The instance serving ``short``; cold-starts one if the revision is routable but scaled to zero."""
@@ -712,8 +780,20 @@ class CloudRun:
         return JSONResponse({"stopped": stopped})
 
     async def admin_instances(self, _: Request) -> JSONResponse:
+        """Each revision's instance: its ingress process, when it started and passed its startup probe (real epoch
+        seconds), and its sidecars with their counters (gmp_sidecar.GmpSidecar.status: scrapes, writes, ...)."""
         return JSONResponse(
-            [{"revision": name, "running": i.running, "url": i.url} for name, i in self.instances.items()]
+            [
+                {
+                    "revision": name,
+                    "running": i.running,
+                    "url": i.url,
+                    "started_at": i.started_at,
+                    "ready_at": i.ready_at,
+                    "sidecars": [s.status() for s in i.sidecars],
+                }
+                for name, i in self.instances.items()
+            ]
         )
 
 

@@ -11,7 +11,7 @@ from google.cloud import run_v2
 
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument
-from sandbox.control.run.images import MODEL_GARDEN_REPO, ImageBehaviour, image_behaviour
+from sandbox.control.run.images import GMP_COLLECTOR, GMP_SIDECAR_REPO, PUBLIC_REPOS, ImageBehaviour, image_behaviour
 
 
 class RevisionStartError(Exception):
@@ -33,7 +33,7 @@ def resolve_image(ctx: ControlContext, image: str) -> ImageBehaviour | None:
     if behaviour is None:
         return None
     registry = ctx.module("artifactregistry")
-    is_public = image.startswith(MODEL_GARDEN_REPO) or "docker.pkg.dev" not in image.split("/", 1)[0]
+    is_public = image.startswith(PUBLIC_REPOS) or "docker.pkg.dev" not in image.split("/", 1)[0]
     if is_public or registry is None:
         return behaviour
     return behaviour if registry.find_image(image) is not None else None
@@ -64,11 +64,21 @@ def check_account_visible(ctx: ControlContext, account: str) -> None:
 
 def check_dependencies(ctx: ControlContext, spec: run_v2.Service, region: str) -> None:
     template = spec.template
+    several = len(template.containers) > 1
     for index, container in enumerate(template.containers):
-        if resolve_image(ctx, container.image) is None:
+        behaviour = resolve_image(ctx, container.image)
+        if behaviour is None:
             raise invalid_argument(
                 f"spec.template.spec.containers[{index}].image: Image '{container.image}' not found. Make sure the "
                 "image exists and that the service agent can pull it."
+            )
+        if several and not container.ports and behaviour.kind != GMP_COLLECTOR:
+            # Not Cloud Run's rule: the sandbox runs a vLLM stand-in per instance (the ingress container) and
+            # emulates one sidecar, the Prometheus collector; anything else beside it would silently not run.
+            raise invalid_argument(
+                f"spec.template.spec.containers[{index}].image: the sandbox runs only the Managed Service for "
+                f"Prometheus collector ({GMP_SIDECAR_REPO}) as a sidecar; '{container.image}' cannot run beside "
+                "the ingress container here."
             )
     check_account_visible(ctx, template.service_account)
     compute = ctx.module("compute")

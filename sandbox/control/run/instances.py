@@ -19,6 +19,11 @@ A revision served by the real engine (``--engine vllm``, sandbox/vllm/real_engin
 profiles and starts in real seconds, so its probe runs on the wall clock, unscaled, as Cloud Run's does. Its
 window is the revision's own (initial delay + period x threshold: 245 s and more for the cpu preset) against a real
 start of about 30 s here, so a busy host has minutes of margin; its probe timeout is the configured one.
+
+An instance with sidecars (several containers) is this process, the ingress container, plus the sidecars the sandbox
+emulates in-process (``sidecars``: so far the GMP collector, gmp_sidecar.py); api.py starts them in dependsOn order,
+and ``stop`` stops them before the ingress container, so a sidecar's last act (the collector's shut-down scrape)
+still finds it running.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -99,6 +106,14 @@ class InstanceSpec:
         return self.engine_venv is not None
 
 
+class Sidecar(Protocol):
+    """A sidecar container the sandbox runs beside an instance's ingress container."""
+
+    async def stop(self) -> None: ...
+
+    def status(self) -> dict: ...
+
+
 @dataclass
 class StartOutcome:
     ready: bool
@@ -121,6 +136,9 @@ class Instance:
         self.log_path = workdir / "container.log"
         self.clock_path = workdir / "clock"
         self.scratch: Path | None = None  # the real engine's HOME and TMPDIR, removed when it stops
+        self.sidecars: list[Sidecar] = []
+        self.started_at: float | None = None  # real epoch seconds: the ingress container was launched
+        self.ready_at: float | None = None  # real epoch seconds: its startup probe passed
 
     @property
     def running(self) -> bool:
@@ -129,6 +147,11 @@ class Instance:
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.host_port}"
+
+    def url_of_port(self, container_port: int) -> str | None:
+        """Where another container of the instance reaches ``localhost:container_port``: the ingress container's
+        port when it listens there and runs, else None (nothing listens on that port in the instance)."""
+        return self.url if container_port == self.spec.container_port and self.running else None
 
     def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
@@ -168,6 +191,7 @@ class Instance:
         """Launch the container and run the startup probe until it passes, fails, or the container exits."""
         (self.workdir / "root").mkdir(parents=True, exist_ok=True)
         self.clock_path.unlink(missing_ok=True)  # a restarted instance starts its clock again
+        self.started_at = time.time()
         if self.spec.real_engine:
             self.scratch = Path(tempfile.mkdtemp(prefix="sbx-engine-"))
             (self.scratch / "home").mkdir()
@@ -188,7 +212,10 @@ class Instance:
                 cwd=self.workdir / "root",
                 start_new_session=True,
             )
-        return await self._probe_until_started()
+        outcome = await self._probe_until_started()
+        if outcome.ready:
+            self.ready_at = time.time()
+        return outcome
 
     async def _probe_until_started(self) -> StartOutcome:
         probe = self.spec.probe
@@ -266,9 +293,13 @@ class Instance:
             return True
         return False
 
+    async def stop_sidecars(self) -> None:
+        await asyncio.gather(*(sidecar.stop() for sidecar in self.sidecars))
+
     async def stop(self) -> None:
-        """SIGTERM, as Cloud Run stops instances, then SIGKILL after a grace period."""
+        """SIGTERM, as Cloud Run stops instances, then SIGKILL after a grace period; sidecars first."""
         try:
+            await self.stop_sidecars()
             await self._stop_process()
         finally:
             if self.scratch is not None:

@@ -63,13 +63,20 @@ def with_defaults(template: run_v2.RevisionTemplate) -> run_v2.RevisionTemplate:
     for index, container in enumerate(template.containers):
         if not container.name:
             container.name = "vllm-1" if index == 0 else f"container-{index + 1}"
-        if index == 0 and not container.ports:
+        # A lone container is the ingress one and gets the default port; with sidecars, the one that declares a
+        # port is (validation.py), and the others must keep none.
+        if len(template.containers) == 1 and not container.ports:
             container.ports = [run_v2.ContainerPort(name="http1", container_port=DEFAULT_PORT)]
         limits = dict(container.resources.limits)
         limits.setdefault("cpu", "1000m")
         limits.setdefault("memory", "512Mi")
         container.resources.limits = limits
     return template
+
+
+def ingress_container(containers) -> run_v2.Container:
+    """The container that receives requests: the one with a port, else the first (a lone container)."""
+    return next((c for c in containers if c.ports), containers[0])
 
 
 def template_fingerprint(template: run_v2.RevisionTemplate) -> bytes:

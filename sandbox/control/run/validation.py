@@ -3,6 +3,25 @@
 Pure functions over run_v2 messages. Facts from FACTS.md (Cloud Run paragraph) and seed 000; where Google's
 exact wording is known it is used verbatim (disallowed mount points, GPU max instances, zonal redundancy
 quota, total memory), elsewhere the message follows the API's "field: problem" style.
+
+Several containers (sidecars; run.v2 ``Container.dependsOn``, Cloud Run docs "Deploying multiple containers"): the
+ingress container is the one with ``ports`` ("A Cloud Run instance always has one single ingress container that
+listens for requests, and optionally one or more sidecar containers", container contract). Rules and their sources:
+- exactly one container declares a port: "template.containers: Revision template should contain exactly one
+  container with an exposed port." (the v2 API's 400, verbatim in GoogleCloudPlatform/terraform-google-cloud-run
+  issues 302 and 488); so a sidecar with ``ports`` is refused with it too;
+- at most 10 containers per instance (Google's launch material as quoted by einride/cloudrunner-go PR 650 "up to 10
+  per instance"; the API's wording for it is unconfirmed);
+- names follow RFC 1123 ("Invalid container name ''. Must conform to RFC 1123: ...", the API's words in
+  hashicorp/terraform-provider-google issue 21035); a container Cloud Run names itself (no name given) cannot
+  declare dependencies: its dependency map would be keyed "" (the same issue), which the API refuses with that text;
+  names are unique (wording ours);
+- ``dependsOn`` names another container of the revision, no container depends on itself, and the dependencies form
+  no cycle (wording ours: the API's texts are not public); a sidecar that others depend on has a startup probe:
+  "spec.template.spec.containers[0].depends_on: Dependent container 'sidecar' must have startup probe specified"
+  (gcloud's error quoted in GoogleCloudPlatform/cloud-run-samples issue 230, fixed by giving the sidecar one in
+  commit f5d1e8f). The field is spelled ``depends_on`` in all of them, as in that real message. The ingress
+  container always has one (Cloud Run's default TCP probe, resources.py), so depending on it needs none.
 """
 
 from __future__ import annotations
@@ -70,6 +89,15 @@ SERVICE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 TAG = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 RESERVED_ENV = {"PORT", "K_SERVICE", "K_REVISION", "K_CONFIGURATION"}
+MAX_CONTAINERS = 10
+CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+NAME_RULE = (
+    "Must conform to RFC 1123: only lowercase letters, digits, hyphens, and periods are allowed, must begin and end "
+    "with a letter or digit, and be less than 64 characters"
+)
+# Cloud Run's defaults for a container without limits (resources.with_defaults; Cloud Run docs, "Configure CPU
+# limits" and "Configure memory limits": 1 vCPU, 512 MiB).
+DEFAULT_CPU, DEFAULT_MEMORY = "1", "512Mi"
 QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 UNITS = {
     None: 1,
@@ -156,8 +184,7 @@ def check_service(service: run_v2.Service, service_id: str, region: str, config:
     containers = list(template.containers)
     if not containers:
         raise invalid_argument("spec.template.spec.containers: at least one container is required")
-    if len(containers) > 1 and sum(1 for c in containers if c.ports) != 1:
-        raise invalid_argument("spec.template.spec.containers: exactly one container must expose a port")
+    _check_container_set(containers)
     volume_names = {v.name for v in template.volumes}
     for volume in template.volumes:
         if has_field(volume, "gcs") and not volume.gcs.bucket:
@@ -189,6 +216,103 @@ def check_service(service: run_v2.Service, service_id: str, region: str, config:
     for target in service.traffic:
         if target.tag:
             check_tag(service_id, target.tag)
+
+
+def ingress_index(containers: list[run_v2.Container]) -> int:
+    """The ingress container's index: the one that declares a port, else the only (first) one."""
+    return next((i for i, c in enumerate(containers) if c.ports), 0)
+
+
+def _check_container_set(containers: list[run_v2.Container]) -> None:
+    """Cloud Run's rules for several containers in one instance (module docstring)."""
+    if len(containers) > MAX_CONTAINERS:
+        raise invalid_argument(
+            f"spec.template.spec.containers: at most {MAX_CONTAINERS} containers are allowed per instance, "
+            f"got {len(containers)}"
+        )
+    if len(containers) > 1 and sum(1 for c in containers if c.ports) != 1:
+        raise invalid_argument(
+            "template.containers: Revision template should contain exactly one container with an exposed port."
+        )
+    by_name: dict[str, int] = {}
+    for index, container in enumerate(containers):
+        prefix = f"spec.template.spec.containers[{index}]"
+        if container.name and not CONTAINER_NAME.match(container.name):
+            raise invalid_argument(f"{prefix}.name: Invalid container name '{container.name}'. {NAME_RULE}")
+        if container.name in by_name:
+            raise invalid_argument(
+                f"{prefix}.name: container name '{container.name}' is already used by "
+                f"spec.template.spec.containers[{by_name[container.name]}]; names must be unique within a revision"
+            )
+        if container.name:
+            by_name[container.name] = index
+    ingress = ingress_index(containers)
+    for index, container in enumerate(containers):
+        field = f"spec.template.spec.containers[{index}].depends_on"
+        if container.depends_on and not container.name:
+            raise invalid_argument(f"{field}: Invalid container name ''. {NAME_RULE}")
+        for dependency in container.depends_on:
+            if dependency == container.name:
+                raise invalid_argument(f"{field}: container '{dependency}' cannot depend on itself")
+            if dependency not in by_name:
+                known = ", ".join(f"'{n}'" for n in by_name if n != container.name) or "none"
+                raise invalid_argument(
+                    f"{field}: container '{dependency}' not found in the revision template (other containers: {known})"
+                )
+            target = by_name[dependency]
+            if target != ingress and not has_field(containers[target], "startup_probe"):
+                raise invalid_argument(f"{field}: Dependent container '{dependency}' must have startup probe specified")
+    cycle = _dependency_cycle(containers, by_name)
+    if cycle:
+        raise invalid_argument(
+            f"spec.template.spec.containers[{by_name[cycle[0]]}].depends_on: container dependencies form a cycle: "
+            + " -> ".join(cycle)
+        )
+
+
+def _dependency_cycle(containers: list[run_v2.Container], by_name: dict[str, int]) -> list[str]:
+    """A dependency cycle as names (first repeated last), or [] when the dependencies are a DAG."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str, path: list[str]) -> list[str]:
+        state[name] = 1
+        for dependency in containers[by_name[name]].depends_on:
+            if state.get(dependency) == 1:
+                return [*path[path.index(dependency) :], dependency]
+            if dependency not in state:
+                found = visit(dependency, [*path, dependency])
+                if found:
+                    return found
+        state[name] = 2
+        return []
+
+    for name in by_name:
+        if name not in state:
+            found = visit(name, [name])
+            if found:
+                return found
+    return []
+
+
+def start_waves(containers: list[run_v2.Container]) -> list[list[int]]:
+    """Container indexes in the order Cloud Run starts them: each wave after every container it depends on passed
+    its startup probe ("If you use healthchecks, Cloud Run follows the container startup order and inspects the
+    health of each container, making sure each passes successfully before Cloud Run starts up the next container in
+    the order": https://cloud.google.com/run/docs/deploying#sidecars as quoted on discuss.google.dev, see
+    gmp_sidecar_sources.md section 6). Containers without dependsOn start first, together. Assumes check_service
+    passed (names known, no cycle)."""
+    by_name = {c.name: i for i, c in enumerate(containers) if c.name}
+    placed: dict[int, int] = {}
+    while len(placed) < len(containers):
+        before = len(placed)
+        for index, container in enumerate(containers):
+            deps = [by_name[d] for d in container.depends_on if d in by_name and by_name[d] != index]
+            if index not in placed and all(d in placed for d in deps):
+                placed[index] = 1 + max((placed[d] for d in deps), default=-1)
+        if len(placed) == before:  # a cycle (refused at admission): the rest start last
+            last = max(placed.values(), default=-1) + 1
+            placed.update({i: last for i in range(len(containers)) if i not in placed})
+    return [sorted(i for i, w in placed.items() if w == wave) for wave in range(max(placed.values()) + 1)]
 
 
 def _check_container(index: int, container: run_v2.Container, volume_names: set[str]) -> None:
@@ -270,14 +394,26 @@ def _check_probe_limits(field: str, probe: run_v2.Probe, gpu: bool) -> None:
 
 def _check_gpu_and_capacity(service: run_v2.Service, region: str, config: SandboxConfig) -> None:
     template = service.template
-    container = next((c for c in template.containers if c.ports), template.containers[0])
-    prefix = "spec.template.spec.containers[0].resources"
+    containers = list(template.containers)
+    index = ingress_index(containers)
+    container = containers[index]
+    prefix = f"spec.template.spec.containers[{index}].resources"
     has_resources = has_field(container, "resources")
-    limits = dict(container.resources.limits)
-    cpu = parse_quantity(limits.get("cpu", "1"), f"{prefix}.limits.cpu")
-    memory_gib = parse_quantity(limits.get("memory", "512Mi"), f"{prefix}.limits.memory") / 2**30
+    # The instance's totals: every container's limits, a container without them counting Cloud Run's defaults.
+    # Whether Cloud Run checks the GPU minimums (and the quotas) against the sum or the ingress container alone is
+    # not stated in the public docs (unconfirmed); this is our reading: the minimums are per instance ("1 gpu also
+    # requires a minimum 4 --cpu value and a minimum 16Gi --memory value", gcloud run deploy --gpu), and quotas
+    # count what the instance reserves. With one container it is that container's limits, as before.
+    cpu = memory_gib = 0.0
+    for each_index, each in enumerate(containers):
+        each_limits = dict(each.resources.limits)
+        field = f"spec.template.spec.containers[{each_index}].resources.limits"
+        cpu += parse_quantity(each_limits.get("cpu", DEFAULT_CPU), f"{field}.cpu")
+        memory_gib += parse_quantity(each_limits.get("memory", DEFAULT_MEMORY), f"{field}.memory") / 2**30
+    summed = " (the sum of the instance's containers)" if len(containers) > 1 else ""
     accelerator = gpu_type_of(template)
-    gpu_count = limits.get(GPU_LIMIT_KEY)
+    gpu_limits = [dict(c.resources.limits)[GPU_LIMIT_KEY] for c in containers if GPU_LIMIT_KEY in c.resources.limits]
+    gpu_count = gpu_limits[0] if len(gpu_limits) == 1 else (str(len(gpu_limits)) if gpu_limits else None)
     max_instances = max_instances_of(service)
     gpu = bool(accelerator or gpu_count)
     for index, each in enumerate(template.containers):
@@ -306,12 +442,12 @@ def _check_gpu_and_capacity(service: run_v2.Service, region: str, config: Sandbo
             )
         if cpu < kind.min_cpu:
             raise invalid_argument(
-                f"{prefix}.limits.cpu: {accelerator} requires at least {kind.min_cpu:g} CPU, got {cpu:g}"
+                f"{prefix}.limits.cpu: {accelerator} requires at least {kind.min_cpu:g} CPU, got {cpu:g}{summed}"
             )
         if memory_gib < kind.min_memory_gib:
             raise invalid_argument(
                 f"{prefix}.limits.memory: {accelerator} requires at least {kind.min_memory_gib:g}Gi of memory, "
-                f"got {memory_gib:g}Gi"
+                f"got {memory_gib:g}Gi{summed}"
             )
         if cpu_idle_effective(container.resources, has_resources):
             raise invalid_argument(

@@ -1,0 +1,429 @@
+"""Google's Managed Service for Prometheus sidecar for Cloud Run (run-gmp-sidecar), as an in-process stand-in.
+
+One asyncio task per instance, started in the instance's dependsOn order (api.py), with the collector's DEFAULT
+RunMonitoring config: the sandbox mounts no ``/etc/rungmp/config.yaml``, nor does the product. Sources (research notes
+gmp_sidecar_sources.md beside this module, which quote them):
+
+- GoogleCloudPlatform/run-gmp-sidecar ``confgenerator/config.go`` ``DefaultRunMonitoringConfig``: job
+  ``run-gmp-sidecar``, one endpoint ``{Port: "8080", Path: "/metrics", Interval: "30s"}`` scraped at
+  ``0.0.0.0:8080`` (a static target: whatever container of the instance listens on 8080; the port is hard-coded,
+  sidecars do not get ``PORT``, ``confgenerator/util.go``), and all four target metadata labels: ``service_name``,
+  ``revision_name``, ``configuration_name`` (K_SERVICE, K_REVISION, K_CONFIGURATION) and ``instanceId`` (faas.id, the
+  Cloud Run instance id). Its relabels set the resource labels ``job``, ``cluster`` = ``__run__``, ``namespace`` =
+  the service name and ``instance`` = ``<instance id>:8080``.
+- Cloud Run docs, "monitoring-managed-prometheus-sidecar": "The collector performs a start-up scrape after 10 seconds
+  and performs a shut-down scrape, no matter how short-lived the instance is" (the receiver's
+  ``InitialScrapeOffset`` of 10 s and ``StopAfterScrapeAttempt`` on shutdown, collector/receiver/prometheusreceiver).
+- GoogleCloudPlatform/opentelemetry-operations-go ``exporter/collector/googlemanagedprometheus``: ``naming.go``
+  (``prometheus.googleapis.com/<name>/<suffix>``: counter -> ``/counter``, gauge -> ``/gauge``, histogram ->
+  ``/histogram``, untyped -> ``/unknown``; names as scraped, colons and ``_total`` kept, the sidecar setting
+  ``add_metric_suffixes: false``) and ``monitoredresource.go`` (resource ``prometheus_target`` with project_id,
+  location, cluster, namespace, job, instance); ``exporter/collector/metrics.go`` for kinds: counters CUMULATIVE
+  DOUBLE, gauges GAUGE DOUBLE, histograms CUMULATIVE DISTRIBUTION with explicit buckets.
+- Its exporter writes with the revision's service account, which needs ``roles/monitoring.metricWriter``
+  (run-gmp-sidecar README); without ``monitoring.timeSeries.create`` every export fails and the collector logs it.
+
+Time: the sandbox's simulated clock (10 s to the first scrape, 30 s between scrapes, scaled by the sandbox's
+time_scale, also beside a real engine, whose own clock is the wall clock); point timestamps are real wall-clock, as
+in the Monitoring stand-in (monitoring/store.py). A CUMULATIVE point spans from the series' start (the instance's
+start: the collector's start-time fallback, the receiver being set with ``use_collector_start_time_fallback``) to
+the scrape.
+
+The ``<base>_created`` gauge families prometheus_client prints after each counter and histogram (vLLM's /metrics)
+are ordinary gauges in the text format, and are written as ``/gauge`` series like any other.
+
+Left out (not needed by the product, or not known well enough): custom RunMonitoring configs, summaries (``_sum``,
+``_count`` and quantile series), the receiver's own ``up``/``scrape_*`` series, the sidecar's self metrics, target
+labels from OpenMetrics exemplars or ``# UNIT``, and Monitoring's one-point-per-5-s limit. The scrape asks for the
+Prometheus text format 0.0.4 only (no OpenMetrics negotiation). The collector's log lines are written in its
+console format, with the OpenTelemetry collector's messages ("Failed to scrape Prometheus endpoint", "Exporting
+failed. Dropping data.") and the API's error text; their exact fields are ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from google.cloud import run_v2
+
+from sandbox.control.errors import GoogleApiError
+from sandbox.control.monitoring.metrics import PROMETHEUS_RESOURCE_TYPE, ExplicitDistribution
+from sandbox.control.monitoring.store import Point, TimeSeriesWrite
+from sandbox.control.run.images import GMP_COLLECTOR
+from sandbox.control.run.validation import has_field
+
+if TYPE_CHECKING:
+    from sandbox.control.monitoring import Monitoring
+    from sandbox.control.run.instances import Instance
+
+SCRAPE_PORT, SCRAPE_PATH = 8080, "/metrics"  # DefaultRunMonitoringConfig's endpoint
+SCRAPE_INTERVAL_S = 30  # DefaultRunMonitoringConfig's interval (simulated seconds)
+STARTUP_SCRAPE_S = 10  # "a start-up scrape after 10 seconds" (simulated seconds)
+JOB = "run-gmp-sidecar"  # DefaultRunMonitoringConfig's metadata.name
+CLUSTER = "__run__"
+HEALTH_PORT = 13133  # the collector's own liveness endpoint (run-gmp-sidecar entrypoint.go livenessProbePort)
+CONFIG_DIR = "/etc/rungmp"
+METRIC_PREFIX = "prometheus.googleapis.com"
+# A scrape's timeout defaults to its interval (config.go); real seconds are not shrunk below this on a busy host.
+MIN_REAL_SCRAPE_TIMEOUT_S = 5.0
+ACCEPT = "text/plain;version=0.0.4"
+# Prometheus' honor_labels: false: a scraped label that the target labels also set is kept as exported_<name>
+# (Prometheus configuration docs, scrape_config).
+TARGET_LABELS = ("job", "instance")
+
+
+# The Prometheus text format (0.0.4) -------------------------------------------------------------------------------
+class ExpositionError(ValueError):
+    """The scraped body is not the Prometheus text format; the whole scrape fails, as Prometheus' parser fails it."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class Family:
+    name: str
+    type: str  # counter, gauge, histogram, summary, untyped
+    samples: list[Sample] = field(default_factory=list)
+
+
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE = re.compile(rf"^({_METRIC_NAME})\s*(?:\{{(.*)\}})?\s+(\S+)(?:\s+-?\d+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_TYPE = re.compile(rf"^#\s+TYPE\s+({_METRIC_NAME})\s+(counter|gauge|histogram|summary|untyped)\s*$")
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _labels(text: str, line: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    pos = 0
+    while pos < len(text) and text[pos:].strip():
+        match = _LABEL.match(text, pos)
+        if match is None:
+            raise ExpositionError(f"bad label set in line {line!r}")
+        labels[match.group(1)] = re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], match.group(2))
+        pos = match.end()
+    return labels
+
+
+def _family_of(name: str, types: dict[str, str]) -> tuple[str, str]:
+    """The family a sample belongs to: its own TYPE'd name, or a histogram's/summary's by suffix, else untyped."""
+    if name in types:
+        return name, types[name]
+    for suffix, kinds in (("_bucket", ("histogram",)), ("_sum", ("histogram", "summary")), ("_count",
+                          ("histogram", "summary"))):  # fmt: skip
+        base = name.removesuffix(suffix)
+        if base != name and types.get(base) in kinds:
+            return base, types[base]
+    return name, "untyped"
+
+
+def parse_exposition(text: str) -> list[Family]:
+    """The families of a Prometheus text-format body, samples in order. Sample names are kept as printed: a counter
+    named ``foo`` stays ``foo`` (prometheus_client's own parser would rename it ``foo_total``)."""
+    types: dict[str, str] = {}
+    lines = text.splitlines()
+    for line in lines:
+        match = _TYPE.match(line.strip())
+        if match:
+            types[match.group(1)] = match.group(2)
+    families: dict[str, Family] = {}
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            raise ExpositionError(f"bad sample line {line!r}")
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            raise ExpositionError(f"bad value in line {line!r}") from None
+        name, kind = _family_of(match.group(1), types)
+        family = families.setdefault(name, Family(name, kind))
+        family.samples.append(Sample(match.group(1), _labels(match.group(2) or "", line), value))
+    return list(families.values())
+
+
+# Families -> Monitoring time series ------------------------------------------------------------------------------
+def _metric_labels(labels: dict[str, str], target: dict[str, str]) -> dict[str, str]:
+    kept = {}
+    for key, value in labels.items():
+        if key == "le" or value == "":  # Prometheus drops empty labels; le is the bucket, not a series label
+            continue
+        kept[f"exported_{key}" if key in TARGET_LABELS else key] = value
+    return {**kept, **target}
+
+
+def time_series(
+    families: list[Family],
+    resource: dict[str, str],
+    target_labels: dict[str, str],
+    series_start: float,
+    at: float,
+) -> list[TimeSeriesWrite]:
+    """What the GMP exporter writes for one scrape at real time ``at`` (module docstring for the mapping)."""
+    start = min(series_start, at - 1e-3)  # a CUMULATIVE point's start must precede its end
+    written: list[TimeSeriesWrite] = []
+
+    def add(name: str, suffix: str, kind: str, value_type: str, labels: dict[str, str], value: Any) -> None:
+        point = Point(start if kind == "CUMULATIVE" else at, at, value)
+        written.append(TimeSeriesWrite(f"{METRIC_PREFIX}/{name}/{suffix}", _metric_labels(labels, target_labels),
+                                       PROMETHEUS_RESOURCE_TYPE, dict(resource), kind, value_type, point))  # fmt: skip
+
+    for family in families:
+        if family.type == "histogram":
+            for labels, dist in _histograms(family).items():
+                add(family.name, "histogram", "CUMULATIVE", "DISTRIBUTION", dict(labels), dist)
+            continue
+        if family.type == "summary":
+            continue
+        for sample in family.samples:
+            if not math.isfinite(sample.value):
+                continue
+            if family.type == "counter":
+                add(sample.name, "counter", "CUMULATIVE", "DOUBLE", sample.labels, sample.value)
+            else:
+                add(sample.name, "gauge" if family.type == "gauge" else "unknown", "GAUGE", "DOUBLE", sample.labels,
+                    sample.value)  # fmt: skip
+    return written
+
+
+def _histograms(family: Family) -> dict[tuple, ExplicitDistribution]:
+    """One distribution per label set: Prometheus' cumulative ``le`` buckets made per-bucket counts."""
+    parts: dict[tuple, dict[str, Any]] = {}
+    for sample in family.samples:
+        key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+        part = parts.setdefault(key, {"buckets": {}, "sum": 0.0, "count": None})
+        if sample.name == f"{family.name}_bucket" and "le" in sample.labels:
+            try:
+                part["buckets"][float(sample.labels["le"])] = sample.value
+            except ValueError:
+                raise ExpositionError(f"bad le label {sample.labels['le']!r} in {sample.name}") from None
+        elif sample.name == f"{family.name}_sum":
+            part["sum"] = sample.value
+        elif sample.name == f"{family.name}_count":
+            part["count"] = sample.value
+    found = {}
+    for key, part in parts.items():
+        buckets: dict[float, float] = part["buckets"]
+        count = part["count"] if part["count"] is not None else buckets.get(math.inf, 0.0)
+        if not math.isfinite(count) or not math.isfinite(part["sum"]):
+            continue
+        bounds = sorted(b for b in buckets if math.isfinite(b))
+        counts, below = [], 0.0
+        for bound in bounds:
+            counts.append(max(round(buckets[bound] - below), 0))
+            below = max(buckets[bound], below)
+        counts.append(max(round(count - below), 0))  # the overflow bucket
+        found[key] = ExplicitDistribution(int(count), part["sum"], tuple(bounds), tuple(counts))
+    return found
+
+
+# The sidecar -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunEnvironment:
+    """What the collector learns from Cloud Run: K_SERVICE, K_REVISION, K_CONFIGURATION (run-gmp-sidecar
+    ``fetchMetadata``), the project and region (metadata server), and the identity its exporter writes as."""
+
+    project: str
+    location: str
+    service: str
+    revision: str
+    configuration: str
+    service_account: str
+
+
+def startup_probe_passes(container: run_v2.Container) -> bool:
+    """The collector listens on its health port only: a startup probe elsewhere never passes (the sandbox passes one
+    on that port at once, without the 5 s the real liveness handler waits)."""
+    probe = container.startup_probe
+    if not has_field(container, "startup_probe"):
+        return True
+    port = probe.http_get.port if probe.http_get.port else probe.tcp_socket.port
+    return port == HEALTH_PORT
+
+
+class GmpSidecar:
+    """The collector of one instance: scrapes the instance's 8080/metrics and writes what it finds to Monitoring."""
+
+    kind = GMP_COLLECTOR
+
+    def __init__(
+        self,
+        container: run_v2.Container,
+        env: RunEnvironment,
+        instance: Instance,
+        monitoring: Monitoring | None,
+        instance_id: Callable[[], str],
+    ) -> None:
+        self.name = container.name
+        self.image = container.image
+        self.env = env
+        self.instance = instance
+        self.monitoring = monitoring
+        self.instance_id = instance_id
+        # The sidecar keeps the platform's clock, like Cloud Monitoring's sampling and delays, not its neighbour's: a
+        # revision on the real engine runs on the wall clock, but its scrapes still fit the watch's sampling periods.
+        self.time_scale = monitoring.config.time_scale if monitoring is not None else instance.time_scale
+        self.custom_config = any(m.mount_path.rstrip("/") == CONFIG_DIR for m in container.volume_mounts)
+        self.started_at: float | None = None  # real epoch seconds
+        self.stopped = False
+        self.scrapes = 0  # attempted, the shut-down one included
+        self.failed_scrapes = 0  # nothing answered on 8080/metrics, or not in the text format
+        self.writes = 0  # timeSeries.create calls that succeeded
+        self.failed_writes = 0  # ... that the API refused (permission, disabled API)
+        self.points_written = 0
+        self.last_scrape_at: float | None = None
+        self.first_written_at: float | None = None
+        self.last_error = ""
+        self._task: asyncio.Task | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.instance.log_path
+
+    def start(self) -> None:
+        """Start the collector: its start-up scrape comes 10 simulated seconds later, then one every 30."""
+        self.started_at = time.time()
+        self._client = httpx.AsyncClient()
+        if self.custom_config:
+            self._log(f"[sandbox] {self.name}: the GMP sidecar stand-in reads no RunMonitoring config; "
+                      f"{CONFIG_DIR}/config.yaml is ignored and the default one is used")  # fmt: skip
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        first = loop.time() + STARTUP_SCRAPE_S * self.time_scale
+        interval = SCRAPE_INTERVAL_S * self.time_scale
+        due = first
+        while True:
+            await asyncio.sleep(max(due - loop.time(), 0.0))
+            try:
+                await self.scrape()
+            except Exception as exc:  # a sandbox bug: said in the log, and the collector keeps its schedule
+                self.last_error = f"sandbox: {exc!r}"
+                self._log(f"[sandbox] {self.name}: the GMP sidecar stand-in failed a scrape: {exc!r}")
+            # Prometheus keeps its grid: a scrape that overran skips the slots it missed.
+            due += interval * max(1, math.ceil((loop.time() - due) / interval))
+
+    async def scrape(self) -> None:
+        """One scrape of ``0.0.0.0:8080/metrics`` and its export; failures are logged, as the collector logs them."""
+        self.scrapes += 1
+        at = time.time()
+        self.last_scrape_at = at
+        url = self.instance.url_of_port(SCRAPE_PORT)
+        try:
+            if url is None:
+                raise httpx.ConnectError(f"dial tcp 0.0.0.0:{SCRAPE_PORT}: connect: connection refused")
+            assert self._client is not None
+            timeout = max(SCRAPE_INTERVAL_S * self.time_scale, MIN_REAL_SCRAPE_TIMEOUT_S)
+            response = await self._client.get(f"{url}{SCRAPE_PATH}", headers={"Accept": ACCEPT}, timeout=timeout)
+            if response.status_code != 200:
+                raise ExpositionError(f"server returned HTTP status {response.status_code} {response.reason_phrase}")
+            families = parse_exposition(response.text)
+            series = self._series(families, at)
+        except (httpx.HTTPError, ExpositionError) as exc:
+            self.failed_scrapes += 1
+            self.last_error = str(exc) or type(exc).__name__
+            target = f'{{__name__="up", instance="0.0.0.0:{SCRAPE_PORT}", job="{JOB}"}}'
+            self._collector_log("warn", "internal/transaction.go", "Failed to scrape Prometheus endpoint",
+                                {"kind": "receiver", "name": f"prometheus/{JOB}", "data_type": "metrics",
+                                 "scrape_timestamp": int(at * 1000), "target_labels": target,
+                                 "error": self.last_error})  # fmt: skip
+            return
+        self._export(series, at)
+
+    def _series(self, families: list[Family], at: float) -> list[TimeSeriesWrite]:
+        instance_id = self.instance_id()
+        env = self.env
+        resource = {"project_id": env.project, "location": env.location, "cluster": CLUSTER,
+                    "namespace": env.service, "job": JOB, "instance": f"{instance_id}:{SCRAPE_PORT}"}  # fmt: skip
+        target = {"service_name": env.service, "revision_name": env.revision,
+                  "configuration_name": env.configuration, "instanceId": instance_id}  # fmt: skip
+        start = self.instance.started_at or self.started_at or at
+        return time_series(families, resource, target, start, at)
+
+    def _export(self, series: list[TimeSeriesWrite], at: float) -> None:
+        if not series:
+            return
+        if self.monitoring is None:
+            self.last_error = "the sandbox runs without its Cloud Monitoring stand-in"
+            return
+        try:
+            principal = f"serviceAccount:{self.env.service_account}"
+            kept = self.monitoring.create_time_series(principal, self.env.project, series)
+        except GoogleApiError as exc:
+            self.failed_writes += 1
+            self.last_error = exc.message
+            code = "".join(part.title() for part in exc.status.lower().split("_"))
+            self._collector_log("error", "exporterhelper/queue_sender.go", "Exporting failed. Dropping data.",
+                                {"kind": "exporter", "data_type": "metrics", "name": "googlemanagedprometheus",
+                                 "error": f"rpc error: code = {code} desc = {exc.message}",
+                                 "dropped_items": len(series)})  # fmt: skip
+            return
+        self.writes += 1
+        self.points_written += kept
+        if self.first_written_at is None:
+            self.first_written_at = at
+
+    async def stop(self) -> None:
+        """Stop, after the shut-down scrape ("no matter how short-lived the instance is")."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.started_at is not None:
+            await self.scrape()
+        if self._client is not None:
+            await self._client.aclose()
+
+    @property
+    def running(self) -> bool:
+        return self.started_at is not None and not self.stopped
+
+    def status(self) -> dict:
+        """For the admin API (``GET /_sandbox/run/instances``): tests wait on ``writes`` instead of sleeping."""
+        return {
+            "name": self.name,
+            "image": self.image,
+            "kind": self.kind,
+            "running": self.running,
+            "started_at": self.started_at,
+            "scrapes": self.scrapes,
+            "failed_scrapes": self.failed_scrapes,
+            "writes": self.writes,
+            "failed_writes": self.failed_writes,
+            "points_written": self.points_written,
+            "first_written_at": self.first_written_at,
+            "last_scrape_at": self.last_scrape_at,
+            "last_error": self.last_error,
+        }
+
+    def _collector_log(self, level: str, caller: str, message: str, fields: dict) -> None:
+        """A line in the OpenTelemetry collector's console format: time, level, caller, message, JSON fields."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        self._log(f"{stamp}\t{level}\t{caller}\t{message}\t{json.dumps(fields)}")
+
+    def _log(self, line: str) -> None:
+        with contextlib.suppress(OSError), self.log_path.open("a", encoding="utf-8") as log:
+            log.write(line + "\n")

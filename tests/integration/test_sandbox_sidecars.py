@@ -1,0 +1,388 @@
+"""Cloud Run services with sidecars in the sandbox: admission rules, start order, and the Managed Service for
+Prometheus sidecar writing the ingress container's metrics into Cloud Monitoring.
+
+Everything goes over real HTTP: services through the run_v2 REST client, requests through the service URL with an ID
+token, metrics read back with timeSeries.list through google-auth's AuthorizedSession, as the product reads them; the
+sandbox's admin API says how many scrapes the sidecar wrote, so waits poll it instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from google.api_core import exceptions
+from google.cloud import run_v2
+
+from tasks import clients, infra
+from tests.support.identity import bearer
+from tests.support.models import tiny_model_files, upload_model
+from tests.support.sandbox_config import config_setter
+from tests.support.services import SERVED_NAME, gpu_service, health_probe, vllm_args
+
+BUCKET = "sidecar-test-weights"
+GMP_IMAGE = "us-docker.pkg.dev/cloud-ops-agents-artifacts/cloud-run-gmp-sidecar/cloud-run-gmp-sidecar:1.2.0"
+TOKENS = "prometheus.googleapis.com/vllm:generation_tokens_total/counter"
+SUCCESS = "prometheus.googleapis.com/vllm:request_success_total/counter"
+CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4}
+DENIED = "Permission monitoring.timeSeries.create denied (or the resource may not exist)."
+WAIT_S = 90.0  # real seconds: generous for a loaded 2-core machine; every wait polls and returns as soon as it can
+
+_ids = itertools.count()
+
+
+def collector(*depends_on: str, name: str = "collector", **fields) -> run_v2.Container:
+    """The GMP sidecar as run-gmp-sidecar's run-service-simple.yaml declares it (liveness on :13133, no port)."""
+    return run_v2.Container(
+        name=name,
+        image=GMP_IMAGE,
+        depends_on=list(depends_on),
+        resources=run_v2.ResourceRequirements(limits={"cpu": "1", "memory": "512Mi"}),
+        liveness_probe=run_v2.Probe(
+            http_get=run_v2.HTTPGetAction(path="/liveness", port=13133), period_seconds=30, timeout_seconds=30
+        ),
+        **fields,
+    )
+
+
+def with_sidecar(port: int = 8080, **overrides) -> run_v2.Service:
+    """vLLM (ingress, named "vllm") on ``port`` beside the collector, which starts after it; 8 vCPU / 32 GiB in all."""
+    spec = gpu_service(BUCKET, cpu="7", memory="31.5Gi", args=vllm_args(port=port), **overrides)
+    ingress = spec.template.containers[0]
+    ingress.name = "vllm"
+    if port != 8080:
+        ingress.ports = [run_v2.ContainerPort(name="http1", container_port=port)]
+        ingress.startup_probe = run_v2.Probe(
+            http_get=run_v2.HTTPGetAction(path="/health", port=port),
+            initial_delay_seconds=5,
+            period_seconds=2,
+            timeout_seconds=2,
+            failure_threshold=120,
+        )
+    spec.template.containers.append(collector("vllm"))
+    return spec
+
+
+@dataclass(frozen=True)
+class Deployed:
+    service_id: str
+    revision: str  # short name
+    url: str
+    account: str
+
+
+def short(name: str) -> str:
+    return name.rsplit("/", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def services(sandbox_target) -> run_v2.ServicesClient:
+    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
+    return clients.run_services(sandbox_target)
+
+
+@contextlib.contextmanager
+def deployed_service(sandbox, sandbox_target, services, spec: run_v2.Service, account: str, roles: list[str]):
+    """Create ``account`` with ``roles`` on the project, deploy ``spec`` as it, and delete the service after."""
+    target = sandbox_target.model_copy(update={"service_account_name": account})
+    with config_setter(sandbox, "iam_propagation_seconds") as set_propagation:
+        set_propagation(0)  # the account is usable at once (tests/integration/test_iam_propagation.py covers the wait)
+        infra.ensure_service_account(target)
+        sandbox.set_caller_roles(roles, member=f"serviceAccount:{target.service_account_email}")
+        spec.template.service_account = target.service_account_email
+        polling = clients.operation_polling(sandbox_target)
+        service = services.create_service(
+            parent=sandbox_target.location_path, service=spec, service_id=f"sc-{next(_ids)}-{account}"
+        ).result(timeout=120, polling=polling)
+    try:
+        yield Deployed(short(service.name), short(service.latest_ready_revision), service.uri,
+                       target.service_account_email)  # fmt: skip
+    finally:
+        with contextlib.suppress(exceptions.NotFound):
+            services.delete_service(name=service.name).result(polling=polling)
+
+
+@pytest.fixture(scope="module")
+def writer(sandbox, sandbox_target, services) -> Iterator[Deployed]:
+    """vLLM + the collector, as a service account holding roles/monitoring.metricWriter; two chat completions sent."""
+    with deployed_service(sandbox, sandbox_target, services, with_sidecar(), "gmp-writer",
+                          ["roles/monitoring.metricWriter"]) as service:  # fmt: skip
+        with httpx.Client(headers=bearer(service.url), timeout=30) as caller:
+            for _ in range(2):
+                assert caller.post(f"{service.url}/v1/chat/completions", json=CHAT).status_code == 200
+        yield service
+
+
+# Helpers --------------------------------------------------------------------------------------------------------
+def stamp(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def list_series(target, metric: str, where: str = "", **params) -> httpx.Response:
+    rest = clients.monitoring(target)
+    now = datetime.now(UTC)
+    query = {
+        "filter": f'metric.type = "{metric}"' + (f" AND {where}" if where else ""),
+        "interval.startTime": stamp(now - timedelta(hours=1)),
+        "interval.endTime": stamp(now + timedelta(seconds=1)),
+        **params,
+    }
+    return rest.session.get(rest.url(f"projects/{target.project}/timeSeries"), params=query, timeout=30)
+
+
+def series_of(target, metric: str, where: str = "") -> list[dict]:
+    """The series listed; none while the metric type is unknown (404: never written yet, as on Monitoring)."""
+    response = list_series(target, metric, where)
+    if response.status_code == 404:
+        return []
+    assert response.status_code == 200, response.text
+    return response.json().get("timeSeries", [])
+
+
+def of_revision(revision: str) -> str:
+    return f'resource.type = "prometheus_target" AND metric.labels.revision_name = "{revision}"'
+
+
+def poll(read: Callable[[], object], done: Callable[[object], bool], seconds: float = WAIT_S) -> object:
+    """``read()`` until ``done`` holds for its value or the deadline passes; returns the last value read."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = read()
+        if done(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+def instance_of(sandbox, revision: str) -> dict | None:
+    found = [i for i in sandbox.run("GET", "/instances") if i["revision"].endswith(f"/revisions/{revision}")]
+    return found[0] if found else None
+
+
+def collector_status(sandbox, revision: str) -> dict:
+    instance = instance_of(sandbox, revision)
+    return instance["sidecars"][0] if instance and instance["sidecars"] else {}
+
+
+def latest_value(series: dict) -> float:
+    return series["points"][0]["value"]["doubleValue"]
+
+
+# The collector's series -----------------------------------------------------------------------------------------
+def test_the_ingress_containers_counters_are_written_with_the_sidecars_labels(sandbox, sandbox_target, writer):
+    where = of_revision(writer.revision)
+    tokens = poll(lambda: series_of(sandbox_target, TOKENS, where), lambda s: bool(s) and latest_value(s[0]) >= 1)
+    assert tokens and latest_value(tokens[0]) >= 1, tokens  # the completions' tokens, counted by vLLM's /metrics
+    [series] = tokens
+    instance_id = series["metric"]["labels"]["instanceId"]
+    assert re.fullmatch(r"[0-9a-f]{32,}", instance_id)
+    assert series["resource"] == {
+        "type": "prometheus_target",
+        "labels": {
+            "project_id": sandbox_target.project,
+            "location": sandbox_target.region,
+            "cluster": "__run__",
+            "namespace": writer.service_id,
+            "job": "run-gmp-sidecar",
+            "instance": f"{instance_id}:8080",
+        },
+    }
+    labels = series["metric"]["labels"]
+    assert {k: labels[k] for k in ("service_name", "revision_name", "configuration_name")} == {
+        "service_name": writer.service_id,
+        "revision_name": writer.revision,
+        "configuration_name": writer.service_id,
+    }
+    assert labels["model_name"] == SERVED_NAME and "le" not in labels
+    assert (series["metricKind"], series["valueType"]) == ("CUMULATIVE", "DOUBLE")
+    points = series["points"]
+    ends = [p["interval"]["endTime"] for p in points]
+    assert ends == sorted(ends, reverse=True)  # newest first, one point per scrape
+    assert len({p["interval"]["startTime"] for p in points}) == 1  # every point counts from the instance's start
+    assert all(p["interval"]["startTime"] < p["interval"]["endTime"] for p in points)
+
+    done = poll(lambda: series_of(sandbox_target, SUCCESS, where),
+                lambda s: sum(latest_value(x) for x in s) >= 2)  # fmt: skip
+    assert sum(latest_value(s) for s in done) >= 2, done  # both completions, over every finished_reason
+    assert {s["metric"]["labels"]["revision_name"] for s in done} == {writer.revision}
+    assert all(s["resource"]["labels"]["instance"] == f"{instance_id}:8080" for s in done)
+
+
+def test_histograms_become_distributions_with_explicit_buckets(sandbox_target, writer):
+    metric = "prometheus.googleapis.com/vllm:e2e_request_latency_seconds/histogram"
+
+    def count(found: list[dict]) -> int:
+        return sum(int(s["points"][0]["value"]["distributionValue"]["count"]) for s in found)
+
+    found = poll(lambda: series_of(sandbox_target, metric, of_revision(writer.revision)), lambda s: count(s) >= 2)
+    assert count(found) >= 2, found  # both completions
+    [series] = found
+    assert (series["metricKind"], series["valueType"]) == ("CUMULATIVE", "DISTRIBUTION")
+    dist = series["points"][0]["value"]["distributionValue"]
+    bounds = dist["bucketOptions"]["explicitBuckets"]["bounds"]
+    assert bounds == sorted(bounds) and len(bounds) > 1
+    counts = [int(n) for n in dist["bucketCounts"]]
+    assert len(counts) == len(bounds) + 1  # underflow, one per bound, overflow: not cumulative any more
+    assert sum(counts) == int(dist["count"]) and dist["mean"] > 0
+    assert "le" not in series["metric"]["labels"]
+
+
+def test_the_collector_starts_after_the_ingress_probe_and_scrapes_on_its_schedule(sandbox, writer):
+    status = poll(lambda: collector_status(sandbox, writer.revision), lambda s: s.get("writes", 0) >= 3)
+    assert status["writes"] >= 3 and status["failed_scrapes"] == 0 and status["failed_writes"] == 0, status
+    assert status["kind"] == "gmp-collector" and status["running"]
+    instance = instance_of(sandbox, writer.revision)
+    assert instance is not None and instance["ready_at"] is not None
+    # dependsOn: the collector started once vLLM had passed its startup probe, not with it.
+    assert instance["started_at"] < instance["ready_at"] <= status["started_at"]
+    config = sandbox.configure()
+    # The start-up scrape comes 10 simulated seconds after the collector starts (a lower bound: a busy host is later).
+    assert status["first_written_at"] - status["started_at"] >= 10 * config["time_scale"] * 0.99
+
+
+def test_an_unknown_prometheus_metric_is_not_found_and_aggregation_is_refused(sandbox_target, writer):
+    unknown = list_series(sandbox_target, "prometheus.googleapis.com/never_written_total/counter")
+    assert unknown.status_code == 404
+    assert (
+        'Cannot find metric(s) that match type = "prometheus.googleapis.com/never_written_total/counter"'
+        in (unknown.json()["error"]["message"])
+    )
+    poll(lambda: series_of(sandbox_target, TOKENS, of_revision(writer.revision)), bool)
+    aligned = list_series(sandbox_target, TOKENS, **{"aggregation.perSeriesAligner": "ALIGN_RATE",
+                                                     "aggregation.alignmentPeriod": "60s"})  # fmt: skip
+    assert aligned.status_code == 400
+    assert "does not align or reduce" in aligned.json()["error"]["message"]
+
+
+def test_an_account_without_metric_writer_writes_nothing_and_the_collector_logs_why(sandbox, sandbox_target, services):
+    with deployed_service(sandbox, sandbox_target, services, with_sidecar(), "gmp-no-writer", []) as service:
+        status = poll(lambda: collector_status(sandbox, service.revision), lambda s: s.get("failed_writes", 0) >= 1)
+        assert status["failed_writes"] >= 1 and status["writes"] == 0, status
+        assert status["last_error"] == DENIED
+        assert series_of(sandbox_target, TOKENS, of_revision(service.revision)) == []
+        log = sandbox.admin.get(f"/run/logs/{service.revision}").text
+        assert "Exporting failed. Dropping data." in log
+        assert f"rpc error: code = PermissionDenied desc = {DENIED}" in log
+
+
+def test_an_ingress_container_on_another_port_is_not_scraped(sandbox, sandbox_target, services):
+    # The default config scrapes 0.0.0.0:8080, whatever PORT the ingress container has (run-gmp-sidecar config.go).
+    with deployed_service(sandbox, sandbox_target, services, with_sidecar(port=8000), "gmp-port",
+                          ["roles/monitoring.metricWriter"]) as service:  # fmt: skip
+        status = poll(lambda: collector_status(sandbox, service.revision), lambda s: s.get("failed_scrapes", 0) >= 2)
+        assert status["failed_scrapes"] >= 2 and status["writes"] == 0, status
+        assert "connection refused" in status["last_error"]
+        assert "Failed to scrape Prometheus endpoint" in sandbox.admin.get(f"/run/logs/{service.revision}").text
+        assert series_of(sandbox_target, TOKENS, of_revision(service.revision)) == []
+
+
+# Admission ------------------------------------------------------------------------------------------------------
+def validate(services, target, service: run_v2.Service) -> run_v2.Service:
+    return services.create_service(
+        request=run_v2.CreateServiceRequest(
+            parent=target.location_path, service=service, service_id=f"sc-adm-{next(_ids)}", validate_only=True
+        )
+    ).result(polling=clients.operation_polling(target))
+
+
+def refusal(services, target, service: run_v2.Service) -> str:
+    with pytest.raises(exceptions.BadRequest) as caught:
+        validate(services, target, service)
+    return caught.value.message
+
+
+def changed(change: Callable[[list[run_v2.Container]], None]) -> run_v2.Service:
+    spec = with_sidecar()
+    containers = [run_v2.Container(c) for c in spec.template.containers]  # copies, changed then put back
+    change(containers)
+    spec.template.containers = containers
+    return spec
+
+
+def test_the_product_shape_is_admitted(services, sandbox_target):
+    assert [c.name for c in validate(services, sandbox_target, with_sidecar()).template.containers] == [
+        "vllm",
+        "collector",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda cs: setattr(cs[1], "depends_on", ["app"]),
+            "spec.template.spec.containers[1].depends_on: container 'app' not found in the revision template "
+            "(other containers: 'vllm')",
+        ),
+        (
+            lambda cs: cs[1].depends_on.append("collector"),
+            "spec.template.spec.containers[1].depends_on: container 'collector' cannot depend on itself",
+        ),
+        (  # two ingress containers
+            lambda cs: cs.append(
+                run_v2.Container(name="second", image=cs[0].image, ports=[run_v2.ContainerPort(container_port=9000)])
+            ),
+            "template.containers: Revision template should contain exactly one container with an exposed port.",
+        ),
+        (  # a sidecar with a port
+            lambda cs: cs[1].ports.append(run_v2.ContainerPort(container_port=13133)),
+            "template.containers: Revision template should contain exactly one container with an exposed port.",
+        ),
+        (
+            lambda cs: cs[0].depends_on.append("collector"),
+            "spec.template.spec.containers[0].depends_on: Dependent container 'collector' must have startup probe "
+            "specified",
+        ),
+        (
+            lambda cs: cs.extend([collector("vllm", name="a"), collector("vllm", name="a")]),
+            "spec.template.spec.containers[3].name: container name 'a' is already used by "
+            "spec.template.spec.containers[2]",
+        ),
+        (
+            lambda cs: setattr(cs[1], "name", ""),
+            "spec.template.spec.containers[1].depends_on: Invalid container name ''. Must conform to RFC 1123",
+        ),
+        (
+            lambda cs: cs.extend(collector("vllm", name=f"c{i}") for i in range(9)),
+            "spec.template.spec.containers: at most 10 containers are allowed per instance, got 11",
+        ),
+        (
+            lambda cs: cs.append(run_v2.Container(name="helper", image=cs[0].image)),
+            "spec.template.spec.containers[2].image: the sandbox runs only the Managed Service for Prometheus "
+            "collector",
+        ),
+    ],
+    ids=["unknown", "self", "two-ingress", "sidecar-port", "no-probe", "duplicate", "unnamed", "eleven", "other"],
+)
+def test_cloud_run_refuses_bad_container_sets(services, sandbox_target, change, expected):
+    assert expected in refusal(services, sandbox_target, changed(change))
+
+
+def test_a_dependency_cycle_is_refused(services, sandbox_target):
+    probe = run_v2.Probe(tcp_socket=run_v2.TCPSocketAction(port=13133))
+
+    def cycle(containers: list[run_v2.Container]) -> None:
+        containers[1].depends_on = ["other"]
+        containers[1].startup_probe = probe
+        containers.append(collector("collector", name="other", startup_probe=probe))
+
+    message = refusal(services, sandbox_target, changed(cycle))
+    assert "container dependencies form a cycle: collector -> other -> collector" in message
+
+
+def test_gpu_minimums_count_every_containers_limits(services, sandbox_target):
+    rtx = {"gpu": "nvidia-rtx-pro-6000", "launch_stage": "BETA", "probe": health_probe()}
+    # 19 vCPU / 79.5 GiB for vLLM and the collector's 1 / 0.5: the RTX Pro 6000's 20 / 80 as an instance.
+    spec = gpu_service(BUCKET, cpu="19", memory="79.5Gi", **rtx)
+    spec.template.containers[0].name = "vllm"
+    assert "requires at least 20 CPU, got 19" in refusal(services, sandbox_target, spec)
+    spec.template.containers.append(collector("vllm"))
+    assert validate(services, sandbox_target, spec).template.node_selector.accelerator == "nvidia-rtx-pro-6000"
+    spec.template.containers[1].resources.limits = {"cpu": "1", "memory": "256Mi"}
+    assert "got 79.75Gi (the sum of the instance's containers)" in refusal(services, sandbox_target, spec)
