@@ -178,23 +178,30 @@ def describe_split(split: list[tuple[str, int]]) -> str:
 
 def judge(seen: RevisionTraffic, watch: WatchOptions, vllm: VllmSignals | None = None) -> tuple[Verdict, str]:
     """The verdict on what the candidate served so far, and the figures that decided it. With ``vllm`` (the sidecar
-    runs), failures include streams that failed after their 200, and TTFT and TPOT are judged."""
-    slo = watch.slo(vllm is not None)
+    runs), failures include streams that failed after their 200, and TTFT and TPOT are judged; until vLLM's metrics
+    of the step have arrived, latency is judged on Cloud Run's request metrics as without the sidecar.
+
+    Requests are the more of Cloud Run's count and vLLM's finished requests: vLLM's reach Monitoring within a scrape,
+    Cloud Run's up to 180 s later, and a ratio of one to the other would run past 100 %."""
+    judged_on_vllm = vllm is not None and vllm.ttft.count > 0
+    slo = watch.slo(judged_on_vllm)
+    requests = max(seen.requests, vllm.finished_total) if vllm is not None else seen.requests
     failed = seen.errors + (vllm.stream_errors if vllm is not None else 0)
-    figures = f"{seen.requests} requests, {seen.errors} 5xx"
+    figures = f"{requests} requests, {seen.errors} 5xx"
     if vllm is not None:
         figures += f", {vllm.stream_errors} stream errors"
         for label, value in (("TTFT p95", vllm.ttft_p95_ms), ("TPOT p95", vllm.tpot_p95_ms)):
             figures += f", {label} {value:,.0f} ms" if value is not None else ""
     if seen.p95_ms is not None:
         figures += f", request p95 {seen.p95_ms:,.0f} ms"
-    if seen.requests < watch.min_requests:
+    if requests < watch.min_requests:
         return "too little traffic", f"{figures}: fewer than min_requests ({watch.min_requests}), not judged"
-    ratio = min(failed / seen.requests, 1.0)
+    ratio = min(failed / requests, 1.0)
     if ratio > slo.max_error_ratio:
         what = "5xx ratio" if vllm is None else f"error ratio ({seen.errors} 5xx + {vllm.stream_errors} stream errors)"
         return "breached", f"{figures}: {what} {ratio:.1%} above max_error_ratio {slo.max_error_ratio:.1%}"
-    if vllm is not None:
+    if judged_on_vllm:
+        assert vllm is not None
         for label, value, limit, name in (
             ("TTFT p95", vllm.ttft_p95_ms, slo.max_ttft_p95_ms, "max_ttft_p95_ms"),
             ("TPOT p95", vllm.tpot_p95_ms, slo.max_tpot_p95_ms, "max_tpot_p95_ms"),
@@ -265,7 +272,7 @@ def read_revision(target: GcpTarget, service_id: str, revision: str, vllm: bool 
     """The revision's metrics of the last sampling periods: proves the watch can read them (permission, API).
 
     With ``vllm``, also that the sidecar writes vLLM's metrics for it: its start-up scrape comes 10 s after it
-    starts, so this waits up to a sampling period and the longest delay for the first series, then says why none
+    starts, so this waits up to two sampling periods and the longest delay for the first series, then says why none
     came (the serving account's metricWriter role, or vLLM not on the scraped port)."""
     now = datetime.now(UTC)
     seen = revision_traffic(target, service_id, revision, now - timedelta(seconds=target.metrics_delay_seconds), now)

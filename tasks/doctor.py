@@ -170,7 +170,9 @@ def _granted(target: GcpTarget, permissions: list[str]) -> set[str]:
 def check_permissions(target: GcpTarget, profile: ServingProfile) -> Check:
     """The caller holds every permission of the deployer role table (``projects.testIamPermissions``)."""
     wanted = required_permissions(
-        building=profile.build is not None, hub_token=profile.hf_token_at_runtime, metrics=profile.metrics == "vllm"
+        building=profile.build is not None,
+        hub_token=profile.hf_token_at_runtime,
+        metrics=False,  # the metrics role has its own row (check_metric_writer): an admin may grant metricWriter once
     )
     return _held("deployer permissions", "the deployer roles", target, wanted)
 
@@ -223,16 +225,23 @@ def _act_as(name: str, target: GcpTarget, email: str) -> Check:
     if response.status_code not in (403, 404):
         return Check(name=name, status="warn", detail=f"could not be checked: {response.status_code} {message}")
     # 404 (or 403 "or it may not exist"): no account yet. promote creates it; the project-level grant covers it then.
-    try:
-        held = ACT_AS in _granted(target, [ACT_AS])
-    except gexc.GoogleAPICallError as exc:
-        return _unreadable(name, target, exc, "roles/browser")
+    held = _caller_holds(name, target, ACT_AS)
+    if isinstance(held, Check):
+        return held
     if held:
         return Check(name=name, status="ok", detail=f"{email} will be created by promote; project-level "
                      f"{ACT_AS} covers it.")  # fmt: skip
     return Check(name=name, status="fail", detail=f"{email} does not exist yet and {ACT_AS} is not granted on the "
                  "project, so the first deploy would be refused.",
                  fix=grant_command(target.project, "roles/iam.serviceAccountUser", ME))  # fmt: skip
+
+
+def _caller_holds(name: str, target: GcpTarget, permission: str) -> bool | Check:
+    """Whether the caller holds ``permission`` on the project, or the row saying it could not be read."""
+    try:
+        return permission in _granted(target, [permission])
+    except gexc.GoogleAPICallError as exc:
+        return _unreadable(name, target, exc, "roles/browser")
 
 
 WRITER_ROLES = {METRIC_WRITER_ROLE, "roles/monitoring.editor", "roles/monitoring.admin", "roles/editor", "roles/owner"}
@@ -251,10 +260,9 @@ def check_metric_writer(target: GcpTarget, profile: ServingProfile) -> Check:
         return _unreadable(name, target, exc, "roles/iam.securityReviewer")
     if any(b.role in WRITER_ROLES and member in b.members for b in policy.bindings):
         return Check(name=name, status="ok", detail=f"{target.service_account_email} may write metrics.")
-    try:
-        can_grant = SET_PROJECT_POLICY in _granted(target, [SET_PROJECT_POLICY])
-    except gexc.GoogleAPICallError as exc:
-        return _unreadable(name, target, exc, "roles/browser")
+    can_grant = _caller_holds(name, target, SET_PROJECT_POLICY)
+    if isinstance(can_grant, Check):
+        return can_grant
     if can_grant:
         return Check(name=name, status="ok", detail=f"promote grants {target.service_account_email} "
                      f"{METRIC_WRITER_ROLE} (you may set the project's IAM policy).")  # fmt: skip

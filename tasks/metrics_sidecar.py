@@ -38,13 +38,16 @@ LIVENESS_PORT, LIVENESS_PATH = 13133, "/liveness"
 METRIC_WRITER_ROLE = "roles/monitoring.metricWriter"
 
 
-def sidecar_container(ingress_name: str) -> run_v2.Container:
-    """The collector, started after vLLM's container passed its startup probe, with its default config."""
+def sidecar_container(ingress_name: str, cpu_idle: bool) -> run_v2.Container:
+    """The collector, started after vLLM's container passed its startup probe, with its default config; its CPU is
+    billed as vLLM's is (``cpu_idle``: one billing setting for the instance)."""
     return run_v2.Container(
         name=SIDECAR_NAME,
         image=SIDECAR_IMAGE,
         depends_on=[ingress_name],
-        resources=run_v2.ResourceRequirements(limits={"cpu": str(SIDECAR_CPU), "memory": f"{SIDECAR_MEMORY_MIB}Mi"}),
+        resources=run_v2.ResourceRequirements(
+            limits={"cpu": str(SIDECAR_CPU), "memory": f"{SIDECAR_MEMORY_MIB}Mi"}, cpu_idle=cpu_idle
+        ),
         liveness_probe=run_v2.Probe(
             http_get=run_v2.HTTPGetAction(path=LIVENESS_PATH, port=LIVENESS_PORT),
             period_seconds=30,

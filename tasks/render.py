@@ -238,7 +238,7 @@ def render_service(
     template = run_v2.RevisionTemplate(
         revision=revision,
         labels=service_labels(target, weights),
-        containers=[container, sidecar_container(CONTAINER)] if sidecar else [container],
+        containers=[container, sidecar_container(CONTAINER, container.resources.cpu_idle)] if sidecar else [container],
         scaling=run_v2.RevisionScaling(
             min_instance_count=profile.min_instances, max_instance_count=profile.max_instances
         ),
@@ -358,7 +358,7 @@ def _container_flags(container: run_v2.Container) -> list[str]:
         flags.append(_gcloud_list("--set-env-vars", [f"{k}={v}" for k, v in plain.items()]))
     if secrets:
         flags.append("--set-secrets=" + ",".join(f"{k}={v}" for k, v in secrets.items()))  # references, never values
-    if container.args:
+    if container.args or container.ports:  # the ingress container's always: a replay must not keep older args
         flags.append(_gcloud_list("--args", list(container.args)))
     return flags
 

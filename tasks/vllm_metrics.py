@@ -37,6 +37,9 @@ TPOT = "vllm:request_time_per_output_token_seconds"
 FINISHED = "vllm:request_success_total"
 HTTP_REQUESTS = "http_requests_total"
 FAILED_FINISHES = ("error", "abort")
+# Only generation requests reach the engine and can finish with an error; a 5xx of another route (or of a request
+# refused before the engine) must not cancel out a stream error.
+GENERATION_HANDLERS = ("/v1/chat/completions", "/v1/completions")
 
 
 @dataclass
@@ -59,9 +62,15 @@ class VllmSignals:
         return self.tpot.percentile(0.95)
 
     @property
+    def finished_total(self) -> int:
+        return sum(self.finished.values())
+
+    @property
     def stream_errors(self) -> int:
-        """Requests vLLM finished with error or abort beyond those it answered 5xx: they failed after HTTP 200,
-        inside their stream. (A non-streamed failure is both a 5xx and an error finish: it is not counted twice.)"""
+        """Requests vLLM finished with error or abort beyond the 5xx its generation routes answered: they failed after
+        HTTP 200, inside their stream. (A non-streamed failure is both a 5xx and an error finish: it is not counted
+        twice.) A bound rather than a count: vLLM counts a finish per choice, so a failed non-streamed request with
+        n > 1 choices adds n - 1 here; chat UIs ask for one."""
         failed = sum(self.finished.get(reason, 0) for reason in FAILED_FINISHES)
         return max(failed - self.http_5xx, 0)
 
@@ -83,20 +92,22 @@ def revision_filter(name: str, kind: str, target: GcpTarget, service_id: str, re
     )
 
 
-def _step_delta(series: dict, since: datetime) -> tuple[dict | None, dict | None]:
-    """The newest point, and the one to subtract from it (None: count from zero)."""
-    points = sorted(series.get("points", []), key=lambda p: parse_time(p["interval"]["endTime"]))
-    if not points:
-        return None, None
-    newest = points[-1]
-    start = newest["interval"].get("startTime")
-    before = [p for p in points if parse_time(p["interval"]["endTime"]) <= since]
-    baseline = before[-1] if before else None
-    if baseline is not None and baseline["interval"].get("startTime") != start:
-        baseline = None  # the series restarted (a new process) since: everything in the newest point is new
-    if baseline is newest:
-        return newest, newest  # nothing scraped since the step began
-    return newest, baseline
+def _step_deltas(series: dict, since: datetime) -> list[tuple[dict, dict | None]]:
+    """Per process of the series (its points' start time): its newest point, and the one to subtract from it (None:
+    the process began after ``since``, count from zero). A restart within the step keeps what the old process counted
+    before it ended; a process with nothing new since the step began adds nothing."""
+    by_start: dict[str, list[dict]] = {}
+    for point in series.get("points", []):
+        by_start.setdefault(point["interval"].get("startTime", ""), []).append(point)
+    deltas = []
+    for points in by_start.values():
+        points.sort(key=lambda p: parse_time(p["interval"]["endTime"]))
+        before = [p for p in points if parse_time(p["interval"]["endTime"]) <= since]
+        newest = points[-1]
+        baseline = before[-1] if before else None
+        if baseline is not newest:
+            deltas.append((newest, baseline))
+    return deltas
 
 
 def _add_histogram_delta(histogram: LatencyHistogram, newest: dict, baseline: dict | None) -> None:
@@ -130,8 +141,7 @@ def revision_signals(
         for series in list_series(target, revision_filter(name, kind, target, service_id, revision),
                                   since - lookback, until):  # fmt: skip
             signals.series += 1
-            newest, baseline = _step_delta(series, since)
-            if newest is not None:
+            for newest, baseline in _step_deltas(series, since):
                 yield series.get("metric", {}).get("labels", {}), newest, baseline
 
     for _, newest, baseline in each(TTFT, "histogram"):
@@ -142,6 +152,6 @@ def revision_signals(
         reason = labels.get("finished_reason", "unknown")
         signals.finished[reason] = signals.finished.get(reason, 0) + _counter_delta(newest, baseline)
     for labels, newest, baseline in each(HTTP_REQUESTS, "counter"):
-        if labels.get("status") == "5xx":
+        if labels.get("status") == "5xx" and labels.get("handler") in GENERATION_HANDLERS:
             signals.http_5xx += _counter_delta(newest, baseline)
     return signals

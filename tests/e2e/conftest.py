@@ -26,3 +26,28 @@ def flow_env(sandbox, prefect_api):
         os.environ.pop("HF_ENDPOINT", None)
     else:
         os.environ["HF_ENDPOINT"] = previous
+
+
+@pytest.fixture
+def traffic(flow_env):
+    """Start a background client (sandbox.traffic.Traffic; ``options`` such as stream=True) on a service that already
+    serves; stop it at the end of the test."""
+    import threading
+
+    from sandbox.traffic import Traffic
+    from tasks import clients
+
+    started: list[tuple[Traffic, threading.Thread]] = []
+
+    def start(service: str, **options) -> Traffic:
+        url = clients.run_services(flow_env).get_service(name=f"{flow_env.location_path}/services/{service}").uri
+        client = Traffic(url, clients.identity_token(flow_env, url).get_secret_value(), **options)
+        thread = threading.Thread(target=client.run, daemon=True)
+        thread.start()
+        started.append((client, thread))
+        return client
+
+    yield start
+    for client, thread in started:
+        client.stop.set()
+        thread.join(timeout=60)

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import time
 
 import pytest
 
 from flows.promote import promote_model
-from sandbox.traffic import Traffic
-from tasks import clients
 from tasks.probe import VerifyOptions
 from tests.e2e.test_flows import artifact, run_service
 
@@ -32,25 +29,6 @@ def promote(service: str, **kwargs):
     params = {"model": "sandbox/tiny-chat", "service": service, "token_secret_block": "sandbox-hf-token",
               "verify": FAST, **kwargs}  # fmt: skip
     return promote_model(**params)
-
-
-@pytest.fixture
-def traffic(flow_env):
-    """Start a background client on a service that already serves; stop it at the end of the test."""
-    started: list[tuple[Traffic, threading.Thread]] = []
-
-    def start(service: str) -> Traffic:
-        url = run_service(flow_env, service).uri
-        client = Traffic(url, clients.identity_token(flow_env, url).get_secret_value())
-        thread = threading.Thread(target=client.run, daemon=True)
-        thread.start()
-        started.append((client, thread))
-        return client
-
-    yield start
-    for client, thread in started:
-        client.stop.set()
-        thread.join(timeout=30)
 
 
 def fails_under_traffic(sb, service: str) -> None:

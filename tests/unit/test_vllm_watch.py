@@ -7,7 +7,7 @@ import pytest
 
 from tasks.delivery import WatchOptions, judge
 from tasks.monitoring import LatencyHistogram, RevisionTraffic, parse_time
-from tasks.vllm_metrics import VllmSignals, _add_histogram_delta, _counter_delta, _step_delta
+from tasks.vllm_metrics import VllmSignals, _add_histogram_delta, _counter_delta, _step_deltas
 
 TTFT_BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 
@@ -64,20 +64,41 @@ def point(end: str, start: str, value: dict) -> dict:
     return {"interval": {"startTime": start, "endTime": end}, "value": value}
 
 
+def counted(series: dict, since: str) -> int:
+    return sum(_counter_delta(newest, baseline) for newest, baseline in _step_deltas(series, parse_time(since)))
+
+
 def test_a_step_counts_cumulative_points_from_the_scrape_before_it_began():
     start = "2026-12-02T10:00:00Z"
     series = {"points": [point("2026-12-02T10:00:30Z", start, {"doubleValue": 5.0}),
                          point("2026-12-02T10:01:00Z", start, {"doubleValue": 9.0}),
                          point("2026-12-02T10:01:30Z", start, {"doubleValue": 20.0})]}  # fmt: skip
-    newest, baseline = _step_delta(series, parse_time("2026-12-02T10:01:10Z"))
-    assert _counter_delta(newest, baseline) == 11
+    assert counted(series, "2026-12-02T10:01:10Z") == 11
+    assert counted(series, "2026-12-02T10:01:40Z") == 0  # nothing scraped since the step began
     # A series that began after the step (a new instance) counts from zero.
     later = {"points": [point("2026-12-02T10:02:00Z", "2026-12-02T10:01:40Z", {"doubleValue": 4.0})]}
-    assert _counter_delta(*_step_delta(later, parse_time("2026-12-02T10:01:10Z"))) == 4
-    # A restart between the two points: the old process's count is not subtracted from the new one's.
-    restarted = {"points": [point("2026-12-02T10:01:00Z", start, {"doubleValue": 9.0}),
-                            point("2026-12-02T10:01:30Z", "2026-12-02T10:01:20Z", {"doubleValue": 2.0})]}  # fmt: skip
-    assert _counter_delta(*_step_delta(restarted, parse_time("2026-12-02T10:01:10Z"))) == 2
+    assert counted(later, "2026-12-02T10:01:10Z") == 4
+
+
+def test_a_restart_within_the_step_keeps_what_the_old_process_counted():
+    start, restart = "2026-12-02T10:00:00Z", "2026-12-02T10:01:40Z"
+    series = {"points": [point("2026-12-02T10:01:00Z", start, {"doubleValue": 10.0}),
+                         point("2026-12-02T10:01:30Z", start, {"doubleValue": 50.0}),
+                         point("2026-12-02T10:02:00Z", restart, {"doubleValue": 2.0})]}  # fmt: skip
+    assert counted(series, "2026-12-02T10:01:10Z") == 40 + 2
+
+
+def test_requests_are_vllms_finished_ones_when_cloud_runs_count_lags():
+    lagging = requests(10)
+    verdict, reason = judge(lagging, WatchOptions(), signals(error=33, n=100))
+    assert verdict == "breached"
+    assert reason.startswith("100 requests, 0 5xx, 33 stream errors") and "33.0% above" in reason
+
+
+def test_until_vllms_figures_arrive_latency_is_judged_on_request_metrics():
+    empty = VllmSignals(series=4)
+    verdict, reason = judge(requests(100, latency_ms=99_500), WatchOptions(), empty)
+    assert verdict == "breached" and "above max_p95_ms 60,000 ms" in reason
 
 
 def test_histogram_deltas_keep_vllms_buckets_in_ms():

@@ -615,6 +615,9 @@ class CloudRun:
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
         instance = Instance(spec, workdir, self.gcs_url, self.config.time_scale)
+        previous = self.instances.get(revision.name)
+        if previous is not None:  # a cold restart after a crash: the old instance's sidecars must not run on
+            await previous.stop()
         self.instances[revision.name] = instance
         containers = list(revision.containers)
         ingress = ingress_index(containers)
@@ -627,7 +630,8 @@ class CloudRun:
                     continue
                 if not startup_probe_passes(containers[index]):
                     # Cloud Run's words for a sidecar failing its probe are not public: not_ready_message's shape.
-                    await instance.stop_sidecars()
+                    await instance.stop()  # the whole instance: what started before this wave too
+                    self.instances.pop(revision.name, None)
                     short = spec.revision
                     raise RevisionStartError(
                         f"Revision '{short}' is not ready and cannot serve traffic. The user-provided container "

@@ -392,10 +392,14 @@ class GmpSidecar:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.started_at is not None:
-            await self.scrape()
-        if self._client is not None:
-            await self._client.aclose()
+        try:
+            if self.started_at is not None:
+                await self.scrape()
+        except Exception as exc:  # the shut-down scrape must not keep the instance from stopping
+            self.last_error = f"shut-down scrape failed: {exc!r}"
+        finally:
+            if self._client is not None:
+                await self._client.aclose()
 
     @property
     def running(self) -> bool:

@@ -299,8 +299,10 @@ class Instance:
     async def stop(self) -> None:
         """SIGTERM, as Cloud Run stops instances, then SIGKILL after a grace period; sidecars first."""
         try:
-            await self.stop_sidecars()
-            await self._stop_process()
+            try:
+                await self.stop_sidecars()
+            finally:
+                await self._stop_process()
         finally:
             if self.scratch is not None:
                 shutil.rmtree(self.scratch, ignore_errors=True)
