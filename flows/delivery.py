@@ -100,7 +100,7 @@ def _watch(
     except Exception as exc:
         if not candidate.previous_traffic:
             raise
-        run_abandon_candidate(target, service_id, candidate)
+        run_abandon_candidate(target, service_id, candidate, "rolled-back")
         raise InfraError(
             f"{step}: the watch could not judge the candidate ({exc}); traffic is back on "
             f"{describe_split(candidate.previous_traffic)}"
@@ -114,7 +114,7 @@ def _roll_back(target: GcpTarget, service_id: str, candidate: Candidate, result:
             f"{result.step} breached the SLO: {result.reason}. Nothing served before this run, so {candidate.revision} "
             "still serves: fix the model and promote again, or remove the service with teardown"
         )
-    run_abandon_candidate(target, service_id, candidate)
+    run_abandon_candidate(target, service_id, candidate, "rolled-back")
     raise RolledBack(
         f"{result.step} breached the SLO: {result.reason}; traffic is back on "
         f"{describe_split(candidate.previous_traffic)}"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
-from tasks import clients
+from tasks import clients, verdicts
 from tasks.delivery import PREVIOUS_TAG, canary_split, rescaled
 from tasks.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.logs import run_logger
@@ -240,6 +240,7 @@ def promote_candidate(
     ``keep_previous``: the revision that served before keeps a ``previous`` tag at 0 %, so it stays addressable
     (and its minimum instances warm) while the promotion is watched; ``release_previous`` drops it."""
     traffic = _pinned([(candidate.revision, 100)])
+    _record(target, candidate, "verified")
     if keep_previous and candidate.previous_revision:
         traffic.append(
             run_v2.TrafficTarget(type_=BY_REVISION, revision=candidate.previous_revision, percent=0, tag=PREVIOUS_TAG)
@@ -267,8 +268,11 @@ def release_previous(target: GcpTarget, service_id: str, candidate: Candidate) -
         _set_traffic(target, service_id, _pinned([(candidate.revision, 100)]))
 
 
-def abandon_candidate(target: GcpTarget, service_id: str, candidate: Candidate) -> None:
-    """Traffic as it was before the candidate, without its tag; on a first deploy, as it was: no service."""
+def abandon_candidate(
+    target: GcpTarget, service_id: str, candidate: Candidate, verdict: verdicts.Verdict = "failed-verification"
+) -> None:
+    """Traffic as it was before the candidate, without its tag; on a first deploy, as it was: no service. The
+    candidate's ``verdict`` is recorded, so that no rollback goes back to it."""
     if candidate.unchanged and not candidate.watch_pending:
         return
     if candidate.first_deploy:
@@ -276,6 +280,15 @@ def abandon_candidate(target: GcpTarget, service_id: str, candidate: Candidate) 
         return
     with gcp_errors("run", "roles/run.developer", f"removing candidate {candidate.revision}", target):
         _set_traffic(target, service_id, _pinned(candidate.previous_traffic))
+    _record(target, candidate, verdict)
+
+
+def _record(target: GcpTarget, candidate: Candidate, verdict: verdicts.Verdict) -> None:
+    """Record the verdict; a failure to is logged, never raised over what the run did to traffic."""
+    try:
+        verdicts.record(target, candidate.service, candidate.revision, verdict)
+    except gexc.GoogleAPICallError as exc:
+        run_logger().warning("could not record %s as %s on the service: %s", candidate.revision, verdict, exc)
 
 
 def roll_out(
@@ -321,8 +334,10 @@ class Rollback(BaseModel):
     to_revision: str
 
 
-def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None) -> Rollback:
-    """Traffic back to ``to_revision``, or to the newest ready revision older than the one serving now."""
+def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None, force: bool = False) -> Rollback:
+    """Traffic back to ``to_revision``, or to the newest revision older than the one serving now that passed
+    verification; never to one the pipeline found bad (failed verification, rolled back) unless named with
+    ``force``. The revision rolled back from is recorded as rolled back."""
     services = clients.run_services(target)
     with gcp_errors("run", "roles/run.developer", f"rolling back {service_id}", target):
         try:
@@ -334,50 +349,82 @@ def rollback(target: GcpTarget, service_id: str, to_revision: str | None = None)
             ) from None
         serving = _serving(current)
         now = serving[0][0] if serving else ""
+        found = verdicts.read(current)
         revisions = list(clients.run_revisions(target).list_revisions(parent=current.name, retry=GCP_RETRY))
         if to_revision is not None:
-            _check_rollback_target(service_id, to_revision, revisions)
+            _check_rollback_target(service_id, to_revision, revisions, found, force)
         else:
-            serving_since = next((r.create_time for r in revisions if _short(r.name) == now), None)
-            older = sorted(
-                (
-                    r
-                    for r in revisions
-                    if _ready(r) and _short(r.name) != now and (serving_since is None or r.create_time < serving_since)
-                ),
-                key=lambda r: r.create_time,
-                reverse=True,
-            )
-            if not older:
-                raise InfraError(
-                    f"{service_id} has no ready revision older than {now or 'the serving one'} to roll back to; its "
-                    f"revisions (newest first): {_listing(revisions)}. Name one in to_revision, or promote the model "
-                    "you want"
-                )
-            to_revision = _short(older[0].name)
+            to_revision = _previous_good(service_id, now, revisions, found)
         _set_traffic(target, service_id, _pinned([(to_revision, 100)]))
+        if now and now != to_revision:
+            verdicts.record(target, current.name, now, "rolled-back")
     return Rollback(service=current.name, from_revision=now, to_revision=to_revision)
 
 
-def _listing(revisions: list[run_v2.Revision]) -> str:
-    """The revisions by name, newest first, each not ready one marked so."""
+def _previous_good(service_id: str, now: str, revisions: list[run_v2.Revision], found: dict[str, str]) -> str:
+    """The newest ready revision older than ``now`` that passed verification; without any recorded verdict (a
+    service promoted before verdicts were kept), the newest ready one not known to be bad."""
+    serving_since = next((r.create_time for r in revisions if _short(r.name) == now), None)
+    older = sorted(
+        (
+            r
+            for r in revisions
+            if _ready(r) and _short(r.name) != now and (serving_since is None or r.create_time < serving_since)
+        ),
+        key=lambda r: r.create_time,
+        reverse=True,
+    )
+    good = [r for r in older if found.get(_short(r.name)) == "verified"]
+    unknown = [r for r in older if _short(r.name) not in found]
+    choice = good or unknown
+    if not choice:
+        raise InfraError(
+            f"{service_id} has no verified revision older than {now or 'the serving one'} to roll back to; its "
+            f"revisions (newest first): {_listing(revisions, found)}. Name one in to_revision (with force for one "
+            "found bad), or promote the model you want"
+        )
+    return _short(choice[0].name)
+
+
+def _listing(revisions: list[run_v2.Revision], found: dict[str, str] | None = None) -> str:
+    """The revisions by name, newest first, each not ready one, and each with a recorded verdict, marked so."""
+    found = found or {}
     newest_first = sorted(revisions, key=lambda r: r.create_time, reverse=True)
-    return ", ".join(f"{_short(r.name)}{'' if _ready(r) else ' (not ready)'}" for r in newest_first) or "none"
+
+    def mark(revision: run_v2.Revision) -> str:
+        notes = [] if _ready(revision) else ["not ready"]
+        notes += [found[_short(revision.name)]] if _short(revision.name) in found else []
+        listed = ", ".join(notes)
+        return f"{_short(revision.name)} ({listed})" if notes else _short(revision.name)
+
+    return ", ".join(mark(r) for r in newest_first) or "none"
 
 
-def _check_rollback_target(service_id: str, to_revision: str, revisions: list[run_v2.Revision]) -> None:
-    """``to_revision`` must be one of the service's ready revisions: say which exist, newest first, when it is not."""
-    found = next((r for r in revisions if _short(r.name) == to_revision), None)
-    listed = _listing(revisions)
-    if found is None:
+BAD_WORDS = {"failed-verification": "failed verification", "rolled-back": "was rolled back"}
+
+
+def _check_rollback_target(
+    service_id: str, to_revision: str, revisions: list[run_v2.Revision], found: dict[str, str], force: bool
+) -> None:
+    """``to_revision`` must be one of the service's ready revisions, and not one found bad unless ``force``: say
+    which exist, newest first, when it is not."""
+    match = next((r for r in revisions if _short(r.name) == to_revision), None)
+    listed = _listing(revisions, found)
+    if match is None:
         raise InfraError(
             f"to_revision: {service_id} has no revision '{to_revision}'; its revisions (newest first): {listed}. "
-            "Give one of these, or leave to_revision empty for the previous ready one"
+            "Give one of these, or leave to_revision empty for the previous verified one"
         )
-    if not _ready(found):
+    if not _ready(match):
         raise InfraError(
             f"to_revision: revision '{to_revision}' of {service_id} never became ready and cannot serve; its "
             f"revisions (newest first): {listed}. Give a ready one"
+        )
+    if found.get(to_revision) in verdicts.BAD and not force:
+        raise InfraError(
+            f"to_revision: revision '{to_revision}' of {service_id} {BAD_WORDS[found[to_revision]]} (recorded on the "
+            "service); set force to send traffic to it anyway, or leave to_revision empty for the previous verified "
+            "one"
         )
 
 

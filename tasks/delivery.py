@@ -94,8 +94,12 @@ class WatchOptions(BaseModel):
         return Slo(self.max_error_ratio, None, None, self.max_p95_ms or DEFAULT_P95_MS)
 
 
-DEFAULT_TTFT_P95_MS = 2_000.0  # MLPerf Inference rules: conversational server scenarios, TTFT 2 s
-DEFAULT_TPOT_P95_MS = 100.0  # MLPerf Inference rules: llama3_1-8b.Server.tpot_latency = 100 ms
+# MLPerf Inference's LLM server limits (mlcommons/inference_policies inference_rules.adoc, "Conversational category:
+# TTFT/TPOT: 2000 ms/100 ms" for Llama3.1-8B; mlcommons/inference loadgen/mlperf.conf llama3_1-8b.Server.ttft_latency
+# = 2000, tpot_latency = 100). MLPerf judges them at p99; a canary's few requests are judged at p95, more leniently.
+# TPOT is a per-request mean there as in vLLM's request_time_per_output_token_seconds.
+DEFAULT_TTFT_P95_MS = 2_000.0
+DEFAULT_TPOT_P95_MS = 100.0
 DEFAULT_P95_MS = 60_000.0
 
 

@@ -66,6 +66,7 @@ class ByteProgress:
                 self.total / 1e6,
                 self.mb_per_s,
             )
-        if self._artifact_id is not None and percent - self._published >= 1:
+        # Whole percents, and always the end: a bar last published at 99.96 % must still reach 100 %.
+        if self._artifact_id is not None and (percent - self._published >= 1 or percent >= 100 > self._published):
             update_progress_artifact(self._artifact_id, progress=percent)
             self._published = percent

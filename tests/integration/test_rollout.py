@@ -15,6 +15,7 @@ from pydantic import SecretStr
 from blocks import GcpTarget, ModelSource, ServingProfile
 from tasks import access, clients, infra
 from tasks.cloudrun import CANDIDATE_TAG, DeployFailed, PromotionFailed, roll_out, rollback, service_path
+from tasks.gcp import InfraError
 from tasks.probe import VerifyOptions
 from tasks.render import Weights, render_service, revision_name
 from tasks.staging import StagingResult, stage_model
@@ -94,7 +95,10 @@ def test_new_weights_are_promoted_and_the_old_revision_kept_for_rollback(env, se
     back = rollback(env["target"], service_id)
     assert (back.from_revision, back.to_revision) == (second.revision, first.revision)
     assert revision_serving(first.service_url) == first.revision
-    again = rollback(env["target"], service_id, to_revision=second.revision)
+    # The revision rolled back from is recorded as such: going forward to it again is a deliberate act.
+    with pytest.raises(InfraError, match=r"was rolled back \(recorded on the service\); set force"):
+        rollback(env["target"], service_id, to_revision=second.revision)
+    again = rollback(env["target"], service_id, to_revision=second.revision, force=True)
     assert serving(env, service_id) == [(again.to_revision, 100, "")]
 
 

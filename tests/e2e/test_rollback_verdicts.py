@@ -1,0 +1,63 @@
+"""rollback-model never lands on a revision a promotion found bad.
+
+A candidate that failed verification or breached the SLO stays Ready in Cloud Run (it started), so "the newest ready
+revision before the serving one" can be exactly the revision an incident must not go back to (issue 25: revision A
+promoted, B failed verification, C promoted; rollback sent 100 % to B).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from flows.rollback import rollback_model
+from tasks import clients
+from tests.e2e.test_flows import promote, run_service
+
+pytestmark = pytest.mark.prefect
+_ids = itertools.count()
+
+
+def revisions(flow_env, service: str) -> dict[str, bool]:
+    """Each revision of the service: whether Cloud Run has it Ready."""
+    parent = run_service(flow_env, service).name
+    return {
+        r.name.rsplit("/", 1)[1]: any(
+            c.type_ == "Ready" and c.state.name == "CONDITION_SUCCEEDED" for c in r.conditions
+        )
+        for r in clients.run_revisions(flow_env).list_revisions(parent=parent)
+    }
+
+
+def test_rollback_skips_a_revision_that_failed_verification_and_refuses_it_by_name(sb, flow_env):
+    service = f"verdicts-{next(_ids)}"
+    a = promote(service).serving_revision
+    sb.run("POST", "/faults", json={"service": service, "faults": {"served_model_name": "not-the-model"}})
+    with pytest.raises(Exception, match=r"but not 'sandbox/tiny-chat': wrong model or name"):
+        promote(service, revision="dev")
+    c = promote(service, revision="v1.0").serving_revision
+    ready = revisions(flow_env, service)
+    (b,) = set(ready) - {a, c}
+    assert ready[b], "the abandoned candidate is Ready in Cloud Run: only the pipeline knows it is bad"
+
+    back = rollback_model(service=service)
+    assert (back.from_revision, back.to_revision) == (c, a)
+
+    # Named, it is refused, saying why and how to insist; with force it is served.
+    refused = rf"to_revision: revision '{b}' of {service} failed verification \(recorded on the service\); set force"
+    with pytest.raises(Exception, match=refused):
+        rollback_model(service=service, to_revision=b)
+    forced = rollback_model(service=service, to_revision=b, force=True)
+    assert forced.to_revision == b
+    assert [(s.revision, s.percent) for s in run_service(flow_env, service).traffic_statuses if s.percent] == [(b, 100)]
+
+
+def test_a_revision_rolled_back_from_is_not_rolled_back_to(flow_env):
+    service = f"verdicts-{next(_ids)}"
+    a = promote(service).serving_revision
+    b = promote(service, revision="dev").serving_revision
+    assert rollback_model(service=service).to_revision == a  # b is now recorded as rolled back
+    c = promote(service, revision="v1.0").serving_revision
+    back = rollback_model(service=service)
+    assert (back.from_revision, back.to_revision) == (c, a), f"went back to {back.to_revision}, not past {b}"
