@@ -72,6 +72,8 @@ def model_deployments(spec_path: Path, relative_to: Path = ROOT) -> str:
             "        parameters:",
             f"          min_instances: {schedule.min_instances}",
         ]
+        if schedule.warm_until:  # a late scale-up must not start a GPU after the day's warm hours
+            lines += [f'          warm_until: "{schedule.warm_until}"', f"          timezone: {schedule.timezone}"]
     return "\n".join(lines) + "\n"
 
 

@@ -7,9 +7,12 @@ candidate revision's ``request_count`` (5xx ratio) and ``request_latencies`` (p9
 ``metrics_delay_seconds`` later (both on the target), so a step ends when its window has passed and every sample
 of it can be seen; a breach ends it at once.
 
-During the post-promotion watch the previous revision keeps a ``previous`` tag (so it stays addressable: Cloud Run
-keeps a tagged revision's minimum instances) and is sent a /health request at every read (an idle instance stays up
-for a while after a request), so moving traffic back is instant rather than a cold start.
+During the post-promotion watch the previous revision keeps a ``previous`` tag, so it stays addressable at its own
+URL, and is sent a /health request at every read: that is what keeps it warm (an idle instance stays up for a while
+after a request), so moving traffic back is instant rather than a cold start. The tag itself keeps nothing: the
+service-level minimum the pipeline sets counts only revisions in the traffic split ("a tagged revision outside the
+split is not counted toward it", Cloud Run docs, "Set minimum instances for services"), and templates carry no
+revision-level minimum, which would hold a tagged revision's GPUs at 0 % past every scale-down.
 """
 
 from __future__ import annotations

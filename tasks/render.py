@@ -239,9 +239,9 @@ def render_service(
         revision=revision,
         labels=service_labels(target, weights),
         containers=[container, sidecar_container(CONTAINER, container.resources.cpu_idle)] if sidecar else [container],
-        scaling=run_v2.RevisionScaling(
-            min_instance_count=profile.min_instances, max_instance_count=profile.max_instances
-        ),
+        # Min instances at the service level only (below): a revision-level minimum keeps a tagged revision's
+        # instances (GPUs) even at 0 % of traffic, which no scale-down to a service-level 0 releases.
+        scaling=run_v2.RevisionScaling(max_instance_count=profile.max_instances),
         max_instance_request_concurrency=profile.effective_concurrency,
         timeout=duration_pb2.Duration(seconds=profile.request_timeout_seconds),
         service_account=target.service_account_email,
@@ -272,6 +272,12 @@ def render_service(
         template.gpu_zonal_redundancy_disabled = not profile.gpu_zonal_redundancy
     return run_v2.Service(
         labels=service_labels(target, weights),
+        # Cloud Run docs, "Set minimum instances for services": Google recommends the service level and advises
+        # against combining it with revision-level minimums; a service-level minimum is shared by the revisions in
+        # the traffic split in proportion, and a tagged revision outside the split is not counted toward it; a
+        # revision-level one starts its instances whenever the revision is in the split (even at 0 %) or tagged.
+        # Promotions do not update it (tasks/cloudrun.PROMOTED_FIELDS): after the first deploy it is scale-service's.
+        scaling=run_v2.ServiceScaling(min_instance_count=profile.min_instances),
         ingress=run_v2.IngressTraffic.INGRESS_TRAFFIC_ALL,  # reachable, but private: callers need run.invoker
         invoker_iam_disabled=False,
         launch_stage=launch_stage(profile),
@@ -303,7 +309,7 @@ def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) 
         *track, service_id,
         f"--project={target.project}", f"--region={target.region}",
         f"--concurrency={template.max_instance_request_concurrency}",
-        f"--min-instances={template.scaling.min_instance_count}",
+        f"--min={service.scaling.min_instance_count}",  # service-level (--min-instances is the revision's)
         f"--max-instances={template.scaling.max_instance_count}",
         f"--timeout={template.timeout.total_seconds():.0f}",
         f"--service-account={template.service_account}",
@@ -427,7 +433,6 @@ def service_yaml(service_id: str, target: GcpTarget, service: run_v2.Service) ->
     template = service.template
     container = next(c for c in template.containers if c.ports)
     annotations = {
-        "autoscaling.knative.dev/minScale": str(template.scaling.min_instance_count),
         "autoscaling.knative.dev/maxScale": str(template.scaling.max_instance_count),
         "run.googleapis.com/cpu-throttling": str(bool(container.resources.cpu_idle)).lower(),
         "run.googleapis.com/startup-cpu-boost": str(bool(container.resources.startup_cpu_boost)).lower(),
@@ -461,6 +466,8 @@ def service_yaml(service_id: str, target: GcpTarget, service: run_v2.Service) ->
             "labels": {**dict(service.labels), "cloud.googleapis.com/location": target.region},
             "annotations": {
                 "run.googleapis.com/ingress": "all",
+                # The service-level minimum (the revision-level one is the template's autoscaling.knative.dev/minScale).
+                "run.googleapis.com/minScale": str(service.scaling.min_instance_count),
                 # Knative form of the v2 launchStage: a preview GPU is refused without it (Cloud Run troubleshooting,
                 # "launch-stage-validation"); `gcloud beta run services replace` keeps it.
                 **({"run.googleapis.com/launch-stage": "BETA"} if _is_beta(service) else {}),

@@ -5,7 +5,7 @@ prefect.yaml, and promote-model prices the service with the same hours."""
 from __future__ import annotations
 
 import re
-from datetime import time
+from datetime import datetime, time
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -57,6 +57,24 @@ class ScaleSchedule(BaseModel):
     cron: str
     timezone: str
     min_instances: int
+    warm_until: str | None = None  # scale-ups only: the run does nothing once the day's warm hours are over
+
+
+def late_scale_up(scheduled: datetime, now: datetime, warm_until: str, timezone: str) -> str | None:
+    """Why a scale-up must not run now, or None. A run is late when its worker was down at its time, and Prefect
+    then runs late runs oldest first (PrefectHQ/prefect#15886): the 08:00 scale-up of a day whose 19:00 has passed
+    would start a GPU at night, if only until the scale-down queued behind it."""
+    zone = ZoneInfo(timezone)
+    hour, minute = (int(part) for part in warm_until.split(":"))
+    local = scheduled.astimezone(zone)
+    end = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if now.astimezone(zone) < end:
+        return None
+    running = now.astimezone(zone)
+    return (
+        f"this scale-up was due at {local:%Y-%m-%d %H:%M} {timezone} and runs at {running:%Y-%m-%d %H:%M}, after that "
+        f"day's warm hours ended at {warm_until}: nothing is started at night"
+    )
 
 
 class WarmHours(BaseModel):
@@ -119,7 +137,8 @@ class WarmHours(BaseModel):
 
         def at(moment: time, on: list[int], slug: str, min_instances: int) -> ScaleSchedule:
             cron = f"{moment.minute} {moment.hour} * * {cron_days(on)}"
-            return ScaleSchedule(slug=f"{name}-{slug}", cron=cron, timezone=self.timezone, min_instances=min_instances)
+            return ScaleSchedule(slug=f"{name}-{slug}", cron=cron, timezone=self.timezone, min_instances=min_instances,
+                                 warm_until=f"{down:%H:%M}" if min_instances else None)  # fmt: skip
 
         found = [at(up, days, "scale-up", 1), at(down, days, "scale-down-evening", 0)]
         if off_days:

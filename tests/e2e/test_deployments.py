@@ -124,7 +124,7 @@ def test_schedules_are_stored_with_cron_time_zone_and_parameters(server):
     assert (up.schedule.cron, up.schedule.timezone, up.parameters) == (
         "0 8 * * 1-5",
         "Europe/Berlin",
-        {"min_instances": 1},
+        {"min_instances": 1, "warm_until": "19:00", "timezone": "Europe/Berlin"},  # a late run starts no GPU at night
     )
     assert schedules["tiny-chat-scale-down-evening"].parameters == {"min_instances": 0}
 

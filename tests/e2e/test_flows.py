@@ -6,6 +6,8 @@ import asyncio
 import itertools
 import re
 import threading
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 from google.api_core import exceptions as gexc
@@ -94,6 +96,16 @@ def test_dry_run_renders_the_plan_and_writes_nothing(sb, flow_env, service):
     plan = artifact(f"plan-{service}")
     assert "gcloud run deploy" in plan and "serving.knative.dev/v1" in plan
     assert "DOCKER_BUILDKIT=1" in plan and "docker/Dockerfile.cpu" in plan  # the cpu profile builds its image
+
+
+def test_a_scale_up_run_after_the_days_warm_hours_starts_nothing(flow_env, service):
+    """A schedule's scale-up that runs once its day's warm hours are over (its worker was down) changes nothing."""
+    promote(service)
+    # A zone where it is now between 02:00 and 22:00, so that 01:00 today has passed and tomorrow has not begun.
+    zone = next(z for z in ("UTC", "Asia/Tokyo", "America/Los_Angeles") if 2 <= datetime.now(ZoneInfo(z)).hour < 22)
+    assert scale_service(service=service, min_instances=1, warm_until="01:00", timezone=zone) is None
+    assert run_service(flow_env, service).scaling.min_instance_count == 0
+    assert scale_service(service=service, min_instances=1, warm_until="23:59", timezone=zone).changed
 
 
 def test_scale_sets_min_instances_and_is_a_no_op_when_already_there(flow_env, service, asserting_events_worker):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 import yaml
 from pydantic import ValidationError
 
 from flows.sync_deployments import PREFECT_FILES, ROOT, generated_block, model_deployments, synced
-from tasks.schedules import WarmHours, parse_days
+from tasks.schedules import WarmHours, late_scale_up, parse_days
 
 
 @pytest.mark.parametrize(
@@ -107,3 +109,23 @@ def test_a_model_file_with_bad_hours_is_named(tmp_path):
     (tmp_path / "chat.yaml").write_text("model: a/b\nschedule: {timezone: CEST}\n")
     with pytest.raises(ValueError, match=r"chat\.yaml: schedule\.timezone: 'CEST' is not an IANA time zone"):
         model_deployments(tmp_path / "chat.yaml", relative_to=tmp_path)
+
+
+def test_only_the_scale_up_carries_the_end_of_its_warm_hours():
+    assert [s.warm_until for s in WarmHours().schedules("chat")] == ["19:00", None, None]
+
+
+@pytest.mark.parametrize(
+    ("scheduled", "now", "late"),
+    [
+        ("2026-12-01T07:00:00+00:00", "2026-12-01T07:05:00+00:00", False),  # 08:00 Berlin, on time
+        ("2026-12-01T07:00:00+00:00", "2026-12-01T17:59:00+00:00", False),  # late, but 18:59 Berlin: still warm hours
+        ("2026-12-01T07:00:00+00:00", "2026-12-01T18:00:00+00:00", True),  # 19:00 Berlin: the day is over
+        ("2026-12-01T07:00:00+00:00", "2026-12-02T01:00:00+00:00", True),  # the worker came back at 02:00
+    ],
+)
+def test_a_late_scale_up_after_its_days_warm_hours_does_nothing(scheduled, now, late):
+    why = late_scale_up(datetime.fromisoformat(scheduled), datetime.fromisoformat(now), "19:00", "Europe/Berlin")
+    assert (why is not None) == late
+    if late:
+        assert why.startswith("this scale-up was due at 2026-12-01 08:00 Europe/Berlin") and "at night" in why

@@ -769,16 +769,23 @@ class CloudRun:
         """Cloud Run's idle shutdown, now: stop the instances that no minimum keeps warm.
 
         Cloud Run docs, "About container instance autoscaling": "When a revision does not receive any traffic, by
-        default it is scaled in to zero container instances", unless min instances (the service's or the
-        revision's) keep some warm; an idle instance may be kept a while first (its "Idle instances" section), and
-        the next request cold-starts one. The sandbox does not wait for that moment: a test asks for it here.
-        Returns the revisions whose instance was stopped.
+        default it is scaled in to zero container instances", unless min instances keep some warm; an idle instance
+        may be kept a while first (its "Idle instances" section), and the next request cold-starts one. Which
+        minimum keeps which revision ("Set minimum instances for services", "Revisions and minimum instances"): a
+        service-level minimum goes to the revisions serving traffic in proportion to the split (a tagged revision
+        outside the split is not counted toward it); a revision-level minimum starts its instances whenever the
+        revision is in the split, even at 0 %, or has a tag. The sandbox does not wait for the idle moment: a test
+        asks for it here. Returns the revisions whose instance was stopped.
         """
         stopped = []
         for record in self.services.values():
+            in_split = {revision: percent for revision, percent in record.routes}
+            tagged = set(record.tag_routes.values())
             for name, revision in record.revisions.items():
-                warm = max(record.service.scaling.min_instance_count, revision.scaling.min_instance_count)
-                if warm == 0 and name in self.instances:
+                short = name.rsplit("/", 1)[1]
+                kept_by_service = record.service.scaling.min_instance_count > 0 and in_split.get(short, 0) > 0
+                kept_by_revision = revision.scaling.min_instance_count > 0 and (short in in_split or short in tagged)
+                if not (kept_by_service or kept_by_revision) and name in self.instances:
                     await self._stop_instance(name)
                     stopped.append(name)
         return JSONResponse({"stopped": stopped})
