@@ -225,23 +225,23 @@ def _act_as(name: str, target: GcpTarget, email: str) -> Check:
     if response.status_code not in (403, 404):
         return Check(name=name, status="warn", detail=f"could not be checked: {response.status_code} {message}")
     # 404 (or 403 "or it may not exist"): no account yet. promote creates it; the project-level grant covers it then.
-    held = _caller_holds(name, target, ACT_AS)
-    if isinstance(held, Check):
-        return held
-    if held:
-        return Check(name=name, status="ok", detail=f"{email} will be created by promote; project-level "
-                     f"{ACT_AS} covers it.")  # fmt: skip
-    return Check(name=name, status="fail", detail=f"{email} does not exist yet and {ACT_AS} is not granted on the "
-                 "project, so the first deploy would be refused.",
-                 fix=grant_command(target.project, "roles/iam.serviceAccountUser", ME))  # fmt: skip
+    return _by_caller_permission(
+        name, target, ACT_AS,
+        ok=f"{email} will be created by promote; project-level {ACT_AS} covers it.",
+        fail=f"{email} does not exist yet and {ACT_AS} is not granted on the project, so the first deploy would be "
+        "refused.",
+        fix=grant_command(target.project, "roles/iam.serviceAccountUser", ME),
+    )  # fmt: skip
 
 
-def _caller_holds(name: str, target: GcpTarget, permission: str) -> bool | Check:
-    """Whether the caller holds ``permission`` on the project, or the row saying it could not be read."""
+def _by_caller_permission(name: str, target: GcpTarget, permission: str, ok: str, fail: str, fix: str) -> Check:
+    """The row that depends on whether the caller holds ``permission`` on the project (or says it could not be
+    read)."""
     try:
-        return permission in _granted(target, [permission])
+        held = permission in _granted(target, [permission])
     except gexc.GoogleAPICallError as exc:
         return _unreadable(name, target, exc, "roles/browser")
+    return Check(name=name, status="ok", detail=ok) if held else Check(name=name, status="fail", detail=fail, fix=fix)
 
 
 WRITER_ROLES = {METRIC_WRITER_ROLE, "roles/monitoring.editor", "roles/monitoring.admin", "roles/editor", "roles/owner"}
@@ -260,15 +260,14 @@ def check_metric_writer(target: GcpTarget, profile: ServingProfile) -> Check:
         return _unreadable(name, target, exc, "roles/iam.securityReviewer")
     if any(b.role in WRITER_ROLES and member in b.members for b in policy.bindings):
         return Check(name=name, status="ok", detail=f"{target.service_account_email} may write metrics.")
-    can_grant = _caller_holds(name, target, SET_PROJECT_POLICY)
-    if isinstance(can_grant, Check):
-        return can_grant
-    if can_grant:
-        return Check(name=name, status="ok", detail=f"promote grants {target.service_account_email} "
-                     f"{METRIC_WRITER_ROLE} (you may set the project's IAM policy).")  # fmt: skip
-    return Check(name=name, status="fail", detail=f"{target.service_account_email} lacks {METRIC_WRITER_ROLE} and you "
-                 "may not grant it: the sidecar's writes would be refused and the watch could not judge vLLM's "
-                 "metrics.", fix=grant_command(target.project, METRIC_WRITER_ROLE, member))  # fmt: skip
+    return _by_caller_permission(
+        name, target, SET_PROJECT_POLICY,
+        ok=f"promote grants {target.service_account_email} {METRIC_WRITER_ROLE} (you may set the project's IAM "
+        "policy).",
+        fail=f"{target.service_account_email} lacks {METRIC_WRITER_ROLE} and you may not grant it: the sidecar's "
+        "writes would be refused and the watch could not judge vLLM's metrics.",
+        fix=grant_command(target.project, METRIC_WRITER_ROLE, member),
+    )  # fmt: skip
 
 
 def check_gpu_region(target: GcpTarget, profile: ServingProfile) -> Check:
