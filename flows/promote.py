@@ -182,7 +182,8 @@ def promote_model(
     Stages the weights in the target's bucket, ensures the infrastructure, pins or builds the image, deploys a
     `candidate` revision with no traffic and verifies it (health, models, a chat completion). Traffic then moves in
     the `canary` steps (e.g. [10, 50]) and to 100 %, each step watched on the revision's Cloud Monitoring metrics
-    (`watch`: sampling periods and the 5xx ratio / p95 SLO; the profile's watch_samples by default). A breach moves
+    (`watch`: sampling periods and the SLO: the error ratio and request p95, and with the profile's or model file's
+    `metrics: vllm` also TTFT, TPOT and errors inside streams; the profile's watch_samples by default). A breach moves
     traffic back to the revision that served before, emits `model.rolled_back` and fails the run; any other failure
     leaves traffic where it was. The image strategy is the profile's unless the run gives one: `image` (a pinned
     prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a recipe, with the OOM ladder).
