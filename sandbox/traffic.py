@@ -4,7 +4,7 @@ Short prompts, and one in three a long one (a candidate with the vLLM stand-in's
 fault passes the probes' short chat but fails these). Each answer records when it was sent and received, its
 status and the revision that answered (the front end's ``x-sandbox-revision`` header). With ``stream``, chats stream
 as chat UIs do, and an answer also records whether its stream carried an error event after the 200 (vLLM's
-``data: {"error": ...}``) and when its first token came.
+``data: {"error": ...}``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ class Answer:
     revision: str
     long_prompt: bool
     stream_error: bool = False  # HTTP 200, then an error event inside the stream
-    first_token: float | None = None  # time.monotonic() of the first content chunk (streams only)
 
     @property
     def failed(self) -> bool:
@@ -84,8 +83,6 @@ class Traffic:
                 event = json.loads(data)
                 if "error" in event:
                     answer.stream_error = True
-                elif answer.first_token is None and any(c.get("delta", {}).get("content") for c in event["choices"]):
-                    answer.first_token = time.monotonic()
 
     def errors(self) -> list[Answer]:
         return [a for a in self.answers if a.failed]

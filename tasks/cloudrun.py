@@ -238,7 +238,7 @@ def promote_candidate(
     """All traffic to the candidate; its tag goes away (the previous revision stays, named, for rollback).
 
     ``keep_previous``: the revision that served before keeps a ``previous`` tag at 0 %, so it stays addressable
-    (and its minimum instances warm) while the promotion is watched; ``release_previous`` drops it."""
+    while the promotion is watched (the watch's /health requests keep it warm); ``release_previous`` drops it."""
     traffic = _pinned([(candidate.revision, 100)])
     _record(target, candidate, "verified")
     if keep_previous and candidate.previous_revision:

@@ -31,8 +31,8 @@ from blocks.target import GcpTarget
 from tasks import clients
 from tasks.logs import run_logger
 from tasks.metrics_sidecar import METRIC_WRITER_ROLE, SCRAPE_PORT
-from tasks.monitoring import RevisionTraffic, revision_traffic
-from tasks.vllm_metrics import VllmSignals, revision_signals
+from tasks.monitoring import RevisionTraffic, list_series, revision_traffic
+from tasks.vllm_metrics import TTFT, VllmSignals, revision_filter, revision_signals
 
 PREVIOUS_TAG = "previous"
 Verdict = Literal["held", "breached", "too little traffic"]
@@ -288,8 +288,8 @@ def read_revision(target: GcpTarget, service_id: str, revision: str, vllm: bool 
     deadline = time.monotonic() + 2 * target.metrics_sample_seconds + target.metrics_delay_seconds
     while True:
         now = datetime.now(UTC)
-        signals = revision_signals(target, service_id, revision, now - timedelta(hours=1), now)
-        if signals.series:
+        first_series = revision_filter(TTFT, "histogram", target, service_id, revision)
+        if list_series(target, first_series, now - timedelta(hours=1), now):
             return seen
         if time.monotonic() >= deadline:
             raise NoVllmMetrics(

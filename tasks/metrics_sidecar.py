@@ -3,7 +3,7 @@ in the instance.
 
 Google's recommended way to collect a Cloud Run container's Prometheus metrics (Cloud Run docs, "Write Prometheus
 metrics by using the Prometheus sidecar", cloud.google.com/run/docs/monitoring-managed-prometheus-sidecar). Facts from
-GoogleCloudPlatform/run-gmp-sidecar (snapshot 056abb4; our research notes in FACTS.md):
+GoogleCloudPlatform/run-gmp-sidecar (snapshot 056abb4; quoted in sandbox/control/run/gmp_sidecar_sources.md):
 - the image is ``us-docker.pkg.dev/cloud-ops-agents-artifacts/cloud-run-gmp-sidecar/cloud-run-gmp-sidecar``; 1.2.0 is
   the newest tag the repository's own service samples pin (run-service-simple.yaml);
 - with no RunMonitoring config mounted (``/etc/rungmp/config.yaml``) it uses ``DefaultRunMonitoringConfig``: job
@@ -32,8 +32,6 @@ SIDECAR_NAME = "collector"
 SIDECAR_CPU = 1
 SIDECAR_MEMORY_MIB = 512
 SCRAPE_PORT = 8080  # DefaultRunMonitoringConfig's endpoint port
-SCRAPE_INTERVAL_S = 30  # DefaultRunMonitoringConfig's interval
-JOB = "run-gmp-sidecar"  # DefaultRunMonitoringConfig's metadata.name: the series' job label
 LIVENESS_PORT, LIVENESS_PATH = 13133, "/liveness"
 METRIC_WRITER_ROLE = "roles/monitoring.metricWriter"
 

@@ -197,12 +197,16 @@ def bucket_bounds(options: dict, buckets: int) -> list[tuple[float, float]]:
     return bounds[:buckets] if buckets else bounds
 
 
-def add_distribution(histogram: LatencyHistogram, value: dict) -> None:
-    """Add one Distribution value's bucket counts (trailing empty buckets may be omitted, as the API does)."""
+def add_distribution(histogram: LatencyHistogram, value: dict, scale: float = 1.0, less: dict | None = None) -> None:
+    """Add one Distribution value's bucket counts (trailing empty buckets may be omitted, as the API does), bounds
+    times ``scale`` (1000: seconds to ms), less the counts of the earlier cumulative value ``less``."""
     counts = [int(c) for c in value.get("bucketCounts", [])]
     if not counts:  # no buckets: all requests at the mean
-        mean = float(value.get("mean", 0))
-        histogram.add(mean, mean, int(value.get("count", 0)))
+        mean = float(value.get("mean", 0)) * scale
+        before = int(less.get("count", 0)) if less else 0
+        histogram.add(mean, mean, int(value.get("count", 0)) - before)
         return
+    before = [int(c) for c in (less or {}).get("bucketCounts", [])]
+    counts = [c - (before[i] if i < len(before) else 0) for i, c in enumerate(counts)]
     for (lower, upper), count in zip(bucket_bounds(value.get("bucketOptions", {}), len(counts)), counts, strict=False):
-        histogram.add(lower, upper, count)
+        histogram.add(lower * scale, upper * scale, max(count, 0))

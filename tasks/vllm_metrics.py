@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from blocks.target import GcpTarget
-from tasks.monitoring import LatencyHistogram, bucket_bounds, list_series, parse_time
+from tasks.monitoring import LatencyHistogram, add_distribution, list_series, parse_time
 
 PROMETHEUS = "prometheus.googleapis.com"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -44,14 +44,13 @@ GENERATION_HANDLERS = ("/v1/chat/completions", "/v1/completions")
 
 @dataclass
 class VllmSignals:
-    """What vLLM measured for one revision over a step: TTFT and TPOT in ms, finished requests by reason, its own
-    5xx answers, and whether the sidecar has written anything for the revision at all."""
+    """What vLLM measured for one revision over a step: TTFT and TPOT in ms, finished requests by reason, and its
+    own 5xx answers."""
 
     ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
     tpot: LatencyHistogram = field(default_factory=LatencyHistogram)
     finished: dict[str, int] = field(default_factory=dict)
     http_5xx: int = 0
-    series: int = 0
 
     @property
     def ttft_p95_ms(self) -> float | None:
@@ -112,14 +111,8 @@ def _step_deltas(series: dict, since: datetime) -> list[tuple[dict, dict | None]
 
 def _add_histogram_delta(histogram: LatencyHistogram, newest: dict, baseline: dict | None) -> None:
     """Bucket counts of newest less baseline, bounds in ms (vLLM's are in seconds)."""
-    value = newest["value"].get("distributionValue", {})
-    counts = [int(c) for c in value.get("bucketCounts", [])]
-    if baseline is not None:
-        before = [int(c) for c in baseline["value"].get("distributionValue", {}).get("bucketCounts", [])]
-        counts = [c - (before[i] if i < len(before) else 0) for i, c in enumerate(counts)]
-    for (lower, upper), count in zip(bucket_bounds(value.get("bucketOptions", {}), len(counts)), counts, strict=False):
-        if count > 0:
-            histogram.add(lower * 1000, upper * 1000, count)
+    earlier = baseline["value"].get("distributionValue", {}) if baseline is not None else None
+    add_distribution(histogram, newest["value"].get("distributionValue", {}), scale=1000, less=earlier)
 
 
 def _counter_delta(newest: dict, baseline: dict | None) -> int:
@@ -140,7 +133,6 @@ def revision_signals(
     def each(name: str, kind: str):
         for series in list_series(target, revision_filter(name, kind, target, service_id, revision),
                                   since - lookback, until):  # fmt: skip
-            signals.series += 1
             for newest, baseline in _step_deltas(series, since):
                 yield series.get("metric", {}).get("labels", {}), newest, baseline
 

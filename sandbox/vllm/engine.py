@@ -365,7 +365,8 @@ class EngineState:
       and no prompt tokens (it carries no prefill stats);
     - a client disconnect finishes nothing: vLLM aborts the request in the frontend, which drops it before any
       finished stats (output_processor.abort_requests), so abort stays 0 and only the tokens already produced
-      count (the capture: a disconnect after 2 tokens adds 1 TTFT, 1 ITL, 2 generation tokens, no finish);
+      count (vllm/v1/engine/async_llm.py abort; a capture taken here, not kept: a disconnect after 2 tokens added
+      1 TTFT, 1 ITL, 2 generation tokens, no finish);
     - http_requests_total{handler,method,status} by prometheus-fastapi-instrumentator: status grouped ("2xx"),
       counted once a request was answered, never for the handlers vLLM excludes (server.py); a stream counts its
       200 whatever its events carry. Printed with HELP/TYPE only until the first such request, as the engine does.

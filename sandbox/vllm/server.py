@@ -112,10 +112,12 @@ class _Handler(BaseHTTPRequestHandler):
         methods = _ROUTES.get(path)
         method = "GET" if self.command == "HEAD" else self.command
         api = self.server.api
-        # prometheus-fastapi-instrumentator's handler label: the matched route (a wrong method still matches its
-        # path), or "none" for a path no route has; excluded handlers go uncounted.
+        # prometheus-fastapi-instrumentator's handler label: the route that fully matches, else "none". A wrong
+        # method only matches its path partly, and vLLM's own route walk (vllm/entrypoints/serve/instrumentator/
+        # metrics.py, _patch_instrumentator_route_walk) then returns None: a 405 counts as handler "none" too.
+        # Excluded handlers go uncounted.
         instrumented = not any(excluded in path for excluded in UNINSTRUMENTED)
-        label = path if methods is not None else "none"
+        label = path if methods is not None and method in methods else "none"
         if methods is None:
             response = Response(404, dumps({"detail": "Not Found"}))
         elif method not in methods:
@@ -162,8 +164,9 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             # The client went away mid-stream; vLLM aborts the request the same way. Its 200 was sent: it counts.
             self.close_connection = True
-            response.stream.close()  # type: ignore[attr-defined]
+            # Counted before the stream's close lowers num_requests_running: no scrape sees one without the other.
             answered()
+            response.stream.close()  # type: ignore[attr-defined]
             return
         answered()
         try:

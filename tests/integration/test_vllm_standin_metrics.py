@@ -305,8 +305,9 @@ def test_a_request_refused_by_a_dead_engine_counts_only_as_5xx(launch: Launcher,
 def test_a_client_disconnect_finishes_nothing(launch: Launcher, root: Path) -> None:
     """The capture's step (c): a stream closed by its client after 2 tokens keeps its TTFT, its ITLs and its tokens,
     finishes nothing (abort stays 0) and counts its 200."""
-    # 1 token per simulated second: 2000 tokens would take 2 real seconds at the launcher's 1 ms per second.
-    inst = start(launch, root, faults={"slow_tokens_per_s": 1})
+    # 5 simulated seconds a token: 2000 tokens would take 10 real seconds at the launcher's 1 ms per second, time
+    # enough for a client on a busy host to read three events and hang up.
+    inst = start(launch, root, faults={"slow_tokens_per_s": 0.2})
     url = f"{inst.url}/v1/chat/completions"
     with httpx.stream("POST", url, json={**chat_body(2000), "stream": True}, timeout=TIMEOUT_S) as response:
         events = 0
@@ -325,14 +326,16 @@ def test_a_client_disconnect_finishes_nothing(launch: Launcher, root: Path) -> N
     assert sample(text, "vllm:time_to_first_token_seconds_count") == 1.0
     tokens = sample(text, "vllm:generation_tokens_total")
     assert 2 <= tokens < 2000
-    assert count_and_sum(text, "vllm:inter_token_latency_seconds") == (tokens - 1, pytest.approx(tokens - 1))
+    assert count_and_sum(text, "vllm:inter_token_latency_seconds") == (tokens - 1, pytest.approx(5 * (tokens - 1)))
     assert sample(text, "http_requests_total", handler="/v1/chat/completions", method="POST", status="2xx") == 1.0
 
 
 def test_the_queue_wait_for_a_batch_slot_is_part_of_the_ttft(launch: Launcher, root: Path) -> None:
-    inst = start(launch, root, "--max-num-seqs", "1", faults={"slow_tokens_per_s": 1})
+    # 5 simulated seconds a token: the first request holds the only slot for 2,000 simulated seconds, 2 real seconds
+    # at the launcher's 1 ms per second (the old 0.5), time enough on a busy host to send the second one meanwhile.
+    inst = start(launch, root, "--max-num-seqs", "1", faults={"slow_tokens_per_s": 0.2})
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(post, inst, chat_body(500))  # holds the only slot for 500 simulated seconds
+        first = pool.submit(post, inst, chat_body(400))
         deadline = time.monotonic() + TIMEOUT_S
         while not sample(scrape(inst), "vllm:num_requests_running") and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -342,7 +345,7 @@ def test_the_queue_wait_for_a_batch_slot_is_part_of_the_ttft(launch: Launcher, r
     _, queued = count_and_sum(text, "vllm:request_queue_time_seconds")
     assert queued > 0.5, "the second request waited for the first one's slot"
     _, ttft = count_and_sum(text, "vllm:time_to_first_token_seconds")
-    assert ttft == pytest.approx(queued + 2 * (REQUEST_OVERHEAD_S + 1.0))
+    assert ttft == pytest.approx(queued + 2 * (REQUEST_OVERHEAD_S + 5.0))
 
 
 # --- latency faults -----------------------------------------------------------------------------------------------

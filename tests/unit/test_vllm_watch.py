@@ -19,7 +19,7 @@ def requests(n: int, errors: int = 0, latency_ms: float = 100_000.0) -> Revision
 
 
 def signals(ttft_ms: float = 80, tpot_ms: float = 30, error: int = 0, http_5xx: int = 0, n: int = 100) -> VllmSignals:
-    found = VllmSignals(series=4, finished={"stop": n - error, "error": error}, http_5xx=http_5xx)
+    found = VllmSignals(finished={"stop": n - error, "error": error}, http_5xx=http_5xx)
     found.ttft.add(ttft_ms, ttft_ms * 1.01, n)
     found.tpot.add(tpot_ms, tpot_ms * 1.01, n)
     return found
@@ -96,7 +96,7 @@ def test_requests_are_vllms_finished_ones_when_cloud_runs_count_lags():
 
 
 def test_until_vllms_figures_arrive_latency_is_judged_on_request_metrics():
-    empty = VllmSignals(series=4)
+    empty = VllmSignals()
     verdict, reason = judge(requests(100, latency_ms=99_500), WatchOptions(), empty)
     assert verdict == "breached" and "above max_p95_ms 60,000 ms" in reason
 

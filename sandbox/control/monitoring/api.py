@@ -115,8 +115,8 @@ class Monitoring:
         enabled, 403 "Permission monitoring.timeSeries.create denied (or the resource may not exist)." without that
         permission on the project (the text Monitoring gives for a missing permission, as for timeSeries.list)."""
         if "monitoring.googleapis.com" in self.config.disabled_apis:
-            body = service_disabled_body("monitoring.googleapis.com", self.config.project_number)
-            raise GoogleApiError(403, body["message"], "PERMISSION_DENIED")
+            error = service_disabled_body("monitoring.googleapis.com", self.config.project_number)["error"]
+            raise GoogleApiError(403, error["message"], error["status"], details=error["details"])
         own = project in (self.config.project, self.config.project_number)
         if not own or not has_permission(
             self.ctx, principal, "monitoring.timeSeries.create", f"projects/{self.config.project}"

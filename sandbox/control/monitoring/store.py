@@ -119,7 +119,7 @@ class MetricStore:
         self.config = config
         self.events: deque[RequestEvent] = deque(maxlen=MAX_EVENTS)
         self.samples: deque[InstanceSample] = deque(maxlen=MAX_EVENTS)
-        self.written: dict[tuple, WrittenSeries] = {}
+        self.written: dict[str, dict[tuple, WrittenSeries]] = {}  # by metric type, then by resource and labels
         self.written_descriptors: dict[str, Descriptor] = {}
 
     @property
@@ -153,14 +153,11 @@ class MetricStore:
                 each.metric_type, Descriptor(each.metric_type, each.kind, each.value_type, "")
             )
             if (descriptor.kind, descriptor.value_type) != (each.kind, each.value_type):
-                continue
-            key = (
-                each.metric_type,
-                each.resource_type,
-                tuple(sorted(each.resource_labels.items())),
-                tuple(sorted(each.metric_labels.items())),
-            )
-            self.written.setdefault(key, WrittenSeries(each)).points.append((each.point, at))
+                continue  # a kind change of an existing type is refused by Monitoring (its exact answer: unconfirmed)
+            key = (each.resource_type, tuple(sorted(each.resource_labels.items())),
+                   tuple(sorted(each.metric_labels.items())))  # fmt: skip
+            by_labels = self.written.setdefault(each.metric_type, {})
+            by_labels.setdefault(key, WrittenSeries(each)).points.append((each.point, at))
             accepted += 1
         return accepted
 
@@ -168,12 +165,9 @@ class MetricStore:
         """The written series of ``metric_type`` with the points visible at real time ``now``, newest first."""
         horizon = now - self.config.prometheus_ingest_delay_seconds * self.config.time_scale
         found = []
-        for (kind_type, *_), written in self.written.items():
-            if kind_type != metric_type:
-                continue
+        for written in self.written.get(metric_type, {}).values():
             head = written.head
-            points = [point for point, at in reversed(written.points) if at <= horizon]
-            points.sort(key=lambda p: p.end, reverse=True)
+            points = [point for point, at in reversed(written.points) if at <= horizon]  # written in time order
             found.append(Series(head.metric_type, dict(head.metric_labels), dict(head.resource_labels), head.kind,
                                 head.value_type, "", points, head.resource_type))  # fmt: skip
         return found

@@ -50,7 +50,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +57,12 @@ import httpx
 from google.cloud import run_v2
 
 from sandbox.control.errors import GoogleApiError
-from sandbox.control.monitoring.metrics import PROMETHEUS_RESOURCE_TYPE, ExplicitDistribution
+from sandbox.control.monitoring.metrics import (
+    PROMETHEUS_PREFIX,
+    PROMETHEUS_RESOURCE_TYPE,
+    ExplicitDistribution,
+    rfc3339,
+)
 from sandbox.control.monitoring.store import Point, TimeSeriesWrite
 from sandbox.control.run.images import GMP_COLLECTOR
 from sandbox.control.run.validation import has_field
@@ -74,7 +78,6 @@ JOB = "run-gmp-sidecar"  # DefaultRunMonitoringConfig's metadata.name
 CLUSTER = "__run__"
 HEALTH_PORT = 13133  # the collector's own liveness endpoint (run-gmp-sidecar entrypoint.go livenessProbePort)
 CONFIG_DIR = "/etc/rungmp"
-METRIC_PREFIX = "prometheus.googleapis.com"
 # A scrape's timeout defaults to its interval (config.go); real seconds are not shrunk below this on a busy host.
 MIN_REAL_SCRAPE_TIMEOUT_S = 5.0
 ACCEPT = "text/plain;version=0.0.4"
@@ -183,7 +186,7 @@ def time_series(
 
     def add(name: str, suffix: str, kind: str, value_type: str, labels: dict[str, str], value: Any) -> None:
         point = Point(start if kind == "CUMULATIVE" else at, at, value)
-        written.append(TimeSeriesWrite(f"{METRIC_PREFIX}/{name}/{suffix}", _metric_labels(labels, target_labels),
+        written.append(TimeSeriesWrite(f"{PROMETHEUS_PREFIX}{name}/{suffix}", _metric_labels(labels, target_labels),
                                        PROMETHEUS_RESOURCE_TYPE, dict(resource), kind, value_type, point))  # fmt: skip
 
     for family in families:
@@ -425,8 +428,7 @@ class GmpSidecar:
 
     def _collector_log(self, level: str, caller: str, message: str, fields: dict) -> None:
         """A line in the OpenTelemetry collector's console format: time, level, caller, message, JSON fields."""
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        self._log(f"{stamp}\t{level}\t{caller}\t{message}\t{json.dumps(fields)}")
+        self._log(f"{rfc3339(time.time())}\t{level}\t{caller}\t{message}\t{json.dumps(fields)}")
 
     def _log(self, line: str) -> None:
         with contextlib.suppress(OSError), self.log_path.open("a", encoding="utf-8") as log:

@@ -52,7 +52,7 @@ from sandbox.control.run.dependencies import (
 )
 from sandbox.control.run.iam_policy import new_policy, post_policy_method
 from sandbox.control.run.job_tasks import AttemptResult, AttemptSpec, TaskAttempt
-from sandbox.control.run.validation import has_field
+from sandbox.control.run.validation import DEFAULT_CPU, DEFAULT_MEMORY, has_field
 from sandbox.metadata import RequireFlavor, build_metadata_app
 from sandbox.serving import ServedApp, serve_app
 
@@ -133,8 +133,8 @@ def with_job_defaults(template: run_v2.ExecutionTemplate) -> run_v2.ExecutionTem
         task.timeout = duration_pb2.Duration(seconds=DEFAULT_TASK_TIMEOUT_S)
     for index, container in enumerate(task.containers):
         limits = dict(container.resources.limits)
-        limits.setdefault("cpu", "1000m")
-        limits.setdefault("memory", "512Mi")
+        limits.setdefault("cpu", DEFAULT_CPU)
+        limits.setdefault("memory", DEFAULT_MEMORY)
         container.resources.limits = limits
         if not container.name and len(task.containers) > 1:
             container.name = f"container-{index + 1}"

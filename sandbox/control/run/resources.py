@@ -11,7 +11,7 @@ from google.cloud import run_v2
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 
 from sandbox.control.run.instances import ProbeSpec
-from sandbox.control.run.validation import has_field
+from sandbox.control.run.validation import DEFAULT_CPU, DEFAULT_MEMORY, has_field, ingress_index
 
 DEFAULT_PORT = 8080
 DEFAULT_CONCURRENCY = 80
@@ -68,15 +68,15 @@ def with_defaults(template: run_v2.RevisionTemplate) -> run_v2.RevisionTemplate:
         if len(template.containers) == 1 and not container.ports:
             container.ports = [run_v2.ContainerPort(name="http1", container_port=DEFAULT_PORT)]
         limits = dict(container.resources.limits)
-        limits.setdefault("cpu", "1000m")
-        limits.setdefault("memory", "512Mi")
+        limits.setdefault("cpu", DEFAULT_CPU)
+        limits.setdefault("memory", DEFAULT_MEMORY)
         container.resources.limits = limits
     return template
 
 
 def ingress_container(containers) -> run_v2.Container:
     """The container that receives requests: the one with a port, else the first (a lone container)."""
-    return next((c for c in containers if c.ports), containers[0])
+    return containers[ingress_index(list(containers))]
 
 
 def template_fingerprint(template: run_v2.RevisionTemplate) -> bytes:

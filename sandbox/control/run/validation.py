@@ -96,8 +96,8 @@ NAME_RULE = (
     "with a letter or digit, and be less than 64 characters"
 )
 # Cloud Run's defaults for a container without limits (resources.with_defaults; Cloud Run docs, "Configure CPU
-# limits" and "Configure memory limits": 1 vCPU, 512 MiB).
-DEFAULT_CPU, DEFAULT_MEMORY = "1", "512Mi"
+# limits" and "Configure memory limits": 1 vCPU, 512 MiB), in the form the API stores them.
+DEFAULT_CPU, DEFAULT_MEMORY = "1000m", "512Mi"
 QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 UNITS = {
     None: 1,
