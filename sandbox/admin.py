@@ -31,7 +31,6 @@ class ConfigUpdate(BaseModel):
     disabled_apis: list[str] | None = None
     org_policies: dict[str, dict] | None = None
     serverless_ip_hold_seconds: float | None = Field(None, ge=0)
-    job_start_seconds: float | None = Field(None, ge=0)
     prometheus_ingest_delay_seconds: float | None = Field(None, ge=0)
 
 
