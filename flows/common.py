@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from prefect.blocks.core import Block
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-from prefect.concurrency.sync import concurrency
 from prefect.events import emit_event
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from blocks.images import ImageBuild
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
+from flows.service_lock import ServiceLock, held
+from flows.service_lock import service_lock_name as lock_name
 from tasks.delivery import WatchOptions, check_canary
 from tasks.schedules import WarmHours
 
 M = TypeVar("M", bound=BaseModel)
 B = TypeVar("B", bound=Block)
-LOCK_LEASE_S = 60  # the server accepts no shorter lease
 # The GcpTarget block a run uses when none is named: the one `python -m flows.bootstrap gcp` saves by default.
 DEFAULT_TARGET = "production"
 
@@ -235,20 +230,12 @@ def emit(event: str, target: GcpTarget, service_id: str, payload: dict) -> None:
 
 def service_lock_name(target: GcpTarget, service_id: str) -> str:
     """The global concurrency limit that serializes the runs changing one service (`prefect gcl inspect NAME`)."""
-    return f"cloudrun-service:{target.project}:{target.region}:{service_id}"
+    return lock_name(target.project, target.region, service_id)
 
 
-@contextmanager
-def service_lock(target: GcpTarget, service_id: str, timeout_s: float = 3600) -> Iterator[None]:
-    """Two runs that change one service never interleave; runs for other services are not held up."""
-    name = service_lock_name(target, service_id)
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            with contextlib.suppress(ObjectAlreadyExists):  # another run created it first: fine
-                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-    # A short lease, renewed while the run lives: a run killed holding the lock frees it after about a minute,
-    # not after the default five.
-    with concurrency(name, occupy=1, timeout_seconds=timeout_s, strict=True, lease_duration=LOCK_LEASE_S):
-        yield
+def service_lock(
+    target: GcpTarget, service_id: str, timeout_s: float = 3600
+) -> contextlib.AbstractContextManager[ServiceLock]:
+    """Two runs that change one service never interleave; runs for other services are not held up. A renewal that
+    fails does not crash the run (flows/service_lock.py): writes to the service are fenced instead."""
+    return held(service_lock_name(target, service_id), timeout_s)

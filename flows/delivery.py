@@ -4,6 +4,11 @@ back to where it was before the run.
 canary steps (each watched) -> promote (100 %, the previous revision kept warm under its tag) -> watch at 100 % ->
 release the previous revision's tag. A breach, or a watch that cannot judge, sends traffic back and fails the run
 with what was seen (RolledBack); a first deploy has nowhere to go back to (WatchBreached).
+
+Every write is fenced by the service lock (flows/service_lock.py): if the lock lapsed on the way (the Prefect server
+out of reach for longer than the lease), the run goes on only once it holds it again and the service still serves
+what this run left; otherwise it stops without another write (ServiceChanged), leaving the service to the run that
+changed it.
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ from pydantic import BaseModel
 
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
+from flows.service_lock import ServiceLock
 from tasks.cloudrun import (
     Candidate,
     run_abandon_candidate,
     run_promote_candidate,
     run_release_previous,
     run_shift_to_canary,
+    serving_traffic,
 )
 from tasks.delivery import (
     PREVIOUS_TAG,
@@ -44,9 +51,29 @@ class Delivery(BaseModel):
         return self.watch.samples if self.watch.samples is not None else profile.watch_samples
 
 
+class ServiceChanged(RuntimeError):
+    """Another run changed the service while this run's lock had lapsed: this run made no further change."""
+
+
+def fenced(lock: ServiceLock, target: GcpTarget, service_id: str, expected: list[tuple[str, int]], step: str) -> None:
+    """Before a write: the lock is renewed; if it lapsed since the last write, the service must still serve
+    ``expected`` (what this run left it serving), else the run stops here."""
+    if not lock.fence():
+        return
+    now = serving_traffic(target, service_id)
+    if sorted(now) != sorted(expected):
+        raise ServiceChanged(
+            f"{step}: this run's lock on {service_id} lapsed (the Prefect server was out of reach for longer than the "
+            f"lease) and another run changed the service meanwhile: it serves {describe_split(now)}, where this run "
+            f"left {describe_split(expected)}. This run made no change after that; check the service, then run "
+            "promote-model or rollback-model again"
+        )
+    run_logger().info("%s: the service is as this run left it after its lock lapsed; going on", step)
+
+
 def deliver(
     report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int,
+    samples: int, lock: ServiceLock,
 ) -> None:  # fmt: skip
     """Canary steps, then all traffic to the candidate, each step watched; a breach moves traffic back."""
     log = run_logger()
@@ -54,25 +81,30 @@ def deliver(
     if canary and not candidate.previous_traffic:
         log.info("canary %s skipped: a first deploy has no serving revision to split traffic with", canary)
         canary = []
+    now = candidate.left_serving
     for percent in canary:
         step = f"canary {percent} %"
         with report.step(step):
-            split = run_shift_to_canary(target, service_id, candidate, percent)
-            result = _watch(target, service_id, candidate, delivery, samples, step, split)
+            fenced(lock, target, service_id, now, step)
+            now = run_shift_to_canary(target, service_id, candidate, percent)
+            result = _watch(target, service_id, candidate, delivery, samples, step, now, lock)
             report.delivery.append(result)
             if result.breached:
-                _roll_back(target, service_id, candidate, result)
+                _roll_back(target, service_id, candidate, result, now, lock)
     with report.step("promote"):
+        fenced(lock, target, service_id, now, "promote")
         service = run_promote_candidate(target, service_id, candidate, keep_previous=samples > 0)
         report.outcome = "promoted"
         report.serving_revision = candidate.revision
     previous_url = next((s.uri for s in service.traffic_statuses if s.tag == PREVIOUS_TAG), None)
-    watch_promoted(report, target, service_id, candidate, delivery, samples, previous_url, previous_url is not None)
+    watch_promoted(
+        report, target, service_id, candidate, delivery, samples, previous_url, previous_url is not None, lock
+    )
 
 
 def watch_promoted(
     report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int, previous_url: str | None, tagged: bool,
+    samples: int, previous_url: str | None, tagged: bool, lock: ServiceLock,
 ) -> None:  # fmt: skip
     """The watch at 100 %, the previous revision kept warm at its tag URL (``tagged``); then its tag goes, or traffic
     goes back."""
@@ -80,17 +112,18 @@ def watch_promoted(
         with report.step("watch"):
             keep_warm = (previous_url, candidate.service_url) if previous_url else None
             alone = [(candidate.revision, 100)]
-            result = _watch(target, service_id, candidate, delivery, samples, "watch 100 %", alone, keep_warm)
+            result = _watch(target, service_id, candidate, delivery, samples, "watch 100 %", alone, lock, keep_warm)
             report.delivery.append(result)
             if result.breached:
-                _roll_back(target, service_id, candidate, result)
+                _roll_back(target, service_id, candidate, result, alone, lock)
     if tagged:
+        fenced(lock, target, service_id, [(candidate.revision, 100)], "release the previous revision")
         run_release_previous(target, service_id, candidate)
 
 
 def _watch(
     target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery, samples: int, step: str,
-    split: list[tuple[str, int]], keep_warm: tuple[str, str] | None = None,
+    split: list[tuple[str, int]], lock: ServiceLock, keep_warm: tuple[str, str] | None = None,
 ) -> StepResult:  # fmt: skip
     """One step's watch (its own task run); when it cannot judge (the metrics unreadable past their retries),
     traffic goes back as on a breach: a run that failed leaves traffic where it was."""
@@ -100,6 +133,7 @@ def _watch(
     except Exception as exc:
         if not candidate.previous_traffic:
             raise
+        fenced(lock, target, service_id, split, f"{step}: roll back")
         run_abandon_candidate(target, service_id, candidate, "rolled-back")
         raise InfraError(
             f"{step}: the watch could not judge the candidate ({exc}); traffic is back on "
@@ -107,13 +141,17 @@ def _watch(
         ) from exc
 
 
-def _roll_back(target: GcpTarget, service_id: str, candidate: Candidate, result: StepResult) -> None:
-    """Traffic back to where it was before the run, then the run fails saying what was seen."""
+def _roll_back(
+    target: GcpTarget, service_id: str, candidate: Candidate, result: StepResult, split: list[tuple[str, int]],
+    lock: ServiceLock,
+) -> None:  # fmt: skip
+    """Traffic back to where it was before the run (from ``split``), then the run fails saying what was seen."""
     if not candidate.previous_traffic:
         raise WatchBreached(
             f"{result.step} breached the SLO: {result.reason}. Nothing served before this run, so {candidate.revision} "
             "still serves: fix the model and promote again, or remove the service with teardown"
         )
+    fenced(lock, target, service_id, split, f"{result.step}: roll back")
     run_abandon_candidate(target, service_id, candidate, "rolled-back")
     raise RolledBack(
         f"{result.step} breached the SLO: {result.reason}; traffic is back on "

@@ -60,10 +60,10 @@ def doctor_check_gpu_region(target: GcpTarget, profile: ServingProfile) -> list[
     return [checks.check_gpu_region(target, profile)]
 
 
-@task(name="doctor_check_gpu_quota")
-def doctor_check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> list[Check]:
-    """The GPU quota covers max_instances."""
-    return [checks.check_gpu_quota(target, profile)]
+@task(name="doctor_check_quotas")
+def doctor_check_quotas(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """The region's Cloud Run quotas (vCPU, memory, the GPU type's) cover max_instances instances."""
+    return checks.check_quotas(target, profile)
 
 
 @task(name="doctor_check_org_policies")
@@ -92,7 +92,7 @@ CHECK_TASKS = [
     doctor_check_act_as,
     doctor_check_metric_writer,
     doctor_check_gpu_region,
-    doctor_check_gpu_quota,
+    doctor_check_quotas,
     doctor_check_org_policies,
     doctor_check_build_identity,
     doctor_check_bucket,

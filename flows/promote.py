@@ -18,7 +18,7 @@ from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
-from flows.delivery import Delivery, deliver, watch_promoted
+from flows.delivery import Delivery, deliver, fenced, watch_promoted
 from flows.doctor import check_project
 from tasks import access, act_as, build_identity, clients, infra
 from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
@@ -51,6 +51,7 @@ from tasks.preflight import (
 )
 from tasks.probe import VerifyOptions
 from tasks.progress import artifact_key
+from tasks.quotas import check_region_quotas
 from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
 from tasks.report import PromotionReport
 from tasks.schedules import WarmHours
@@ -268,6 +269,7 @@ def _promote(
                 f"canary: {delivery.canary} needs each step watched, but the watch is off (watch.samples or the "
                 "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
             )
+        check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at the deploy
         if delivery.canary and profile.gpu_type and not dry_run:  # the region's quota, read as doctor reads it
             quota = gpu_quota_limit(target, profile)
             report.findings += raise_on_errors(check_canary_quota(profile, delivery.canary, quota, target.region))
@@ -289,7 +291,7 @@ def _promote(
         )
         print(plan)
         return
-    with service_lock(target, service_id):
+    with service_lock(target, service_id) as lock:
         with report.step("infrastructure"):
             for line in ensure_infrastructure(target, profile, source):
                 log.info(line)
@@ -307,6 +309,7 @@ def _promote(
             final = raise_on_errors(check_service(profile, spec))
             report.findings += [f for f in final if f not in report.findings]
         with report.step("deploy candidate"):
+            lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
             candidate = run_deploy_candidate(target, service_id, spec)
             report.candidate_url = candidate.url if not candidate.unchanged else None
             report.service_url = candidate.service_url
@@ -317,7 +320,9 @@ def _promote(
             report.serving_revision = candidate.revision
             if candidate.watch_pending:  # the run that promoted it died watching: this run finishes that promotion
                 report.outcome = "promoted"
-                watch_promoted(report, target, service_id, candidate, delivery, samples, candidate.previous_url, True)
+                watch_promoted(
+                    report, target, service_id, candidate, delivery, samples, candidate.previous_url, True, lock
+                )
         else:
             with report.step("verify"):
                 try:
@@ -325,9 +330,10 @@ def _promote(
                     if samples:  # a watch that cannot read the metrics must fail before traffic moves, not after
                         monitoring_read_revision(target, service_id, candidate.revision, delivery.vllm_metrics)
                 except Exception:
+                    fenced(lock, target, service_id, candidate.left_serving, "abandon the candidate")
                     run_abandon_candidate(target, service_id, candidate)
                     raise
-            deliver(report, target, service_id, candidate, delivery, samples)
+            deliver(report, target, service_id, candidate, delivery, samples, lock)
         with report.step("invokers"):
             access.run_ensure_invokers(target, service_id)
         _where_traffic_stands(report, target, service_id)

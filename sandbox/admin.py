@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
@@ -20,18 +20,24 @@ if TYPE_CHECKING:
 
 
 class ConfigUpdate(BaseModel):
+    """The settings a running sandbox takes: a key it does not know is refused (400), never silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
     time_scale: float | None = Field(None, gt=0, le=1)
     gpu_quota: dict[str, int] | None = None
     zonal_redundancy_gpu_quota: int | None = Field(None, ge=0)
     cpu_quota: float | None = None
     memory_quota_gib: float | None = None
     iam_propagation_seconds: float | None = Field(None, ge=0)
+    grant_propagation_seconds: float | None = Field(None, ge=0)
     monitoring_delay_seconds: float | None = Field(None, ge=0)
     caller: str | None = Field(None, pattern=r"^(user|serviceAccount|group):[^@\s]+@[^@\s]+$")
     disabled_apis: list[str] | None = None
     org_policies: dict[str, dict] | None = None
     serverless_ip_hold_seconds: float | None = Field(None, ge=0)
     prometheus_ingest_delay_seconds: float | None = Field(None, ge=0)
+    job_start_seconds: float | None = Field(None, ge=0)
 
 
 def _bad_request(exc: ValidationError) -> JSONResponse:

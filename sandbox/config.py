@@ -96,6 +96,14 @@ class SandboxConfig(BaseModel):
         "import): real executions report 'Started deployed execution in 56.03s' to '... in 2m29.63s' (gcloud "
         "executions describe in public reports); until then the execution is pending and cancelling it runs nothing",
     )
+    grant_propagation_seconds: float = Field(
+        0,
+        ge=0,
+        description="simulated seconds before a role granted by setIamPolicy (on the project or a resource) counts in "
+        "permission checks (Google's IAM docs, 'Access change propagation': policy changes take 'Typically 2 "
+        "minutes, potentially 7 minutes or longer'; sandbox/authz/propagation.py). 0 by default, so that a test "
+        "granting itself a role needs no wait; tests of the product's waits set 120 and 420",
+    )
     iam_propagation_seconds: float = Field(
         60,
         ge=0,

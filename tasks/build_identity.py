@@ -28,7 +28,7 @@ from tasks import clients
 from tasks.access import grant_to_new_account
 from tasks.gcp import POLICY_CONFLICT_RETRY, EnsureResult, gcp_errors
 from tasks.infra import get_or_create_service_account, repository_path, service_account_path
-from tasks.propagation import when_visible
+from tasks.propagation import note_grant, when_visible
 from tasks.teardown import delete_service_account
 
 BUILD_BUCKET_ROLE = "roles/storage.admin"
@@ -78,6 +78,8 @@ def grant_build_bucket_access(target: GcpTarget) -> EnsureResult:
     with gcp_errors("storage", "roles/storage.admin", what, target):
         # A service account created moments ago is unknown to Cloud Storage until IAM has propagated it.
         changes = when_visible(POLICY_CONFLICT_RETRY(edit), target.build_service_account_email, "Cloud Storage")
+    if changes:
+        note_grant(target.build_service_account_email)  # the build right after waits for it to take effect
     return _result(f"gs://{target.build_bucket_name} {BUILD_BUCKET_ROLE} {member}", changes)
 
 

@@ -57,6 +57,11 @@ class Candidate(BaseModel):
     previous_url: str | None = Field(None, description="The tag URL of the revision kept warm during a watch.")
 
     @property
+    def left_serving(self) -> list[tuple[str, int]]:
+        """The traffic as the deploy left it: as before, or all on the candidate when it created the service."""
+        return [(self.revision, 100)] if self.first_deploy else self.previous_traffic
+
+    @property
     def previous_revision(self) -> str | None:
         serving = [revision for revision, percent in self.previous_traffic if percent]
         return serving[0] if len(serving) == 1 else None
@@ -90,6 +95,13 @@ def _short(name: str) -> str:
 
 def _serving(service: run_v2.Service) -> list[tuple[str, int]]:
     return [(s.revision, s.percent) for s in service.traffic_statuses if s.percent > 0]
+
+
+def serving_traffic(target: GcpTarget, service_id: str) -> list[tuple[str, int]]:
+    """The revisions that take traffic now, with their shares."""
+    with gcp_errors("run", "roles/run.viewer", f"reading service {service_id}", target):
+        service = clients.run_services(target).get_service(name=service_path(target, service_id), retry=GCP_RETRY)
+    return _serving(service)
 
 
 def _ready(revision: run_v2.Revision) -> bool:

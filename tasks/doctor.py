@@ -8,9 +8,9 @@ result instead of raising, so one run shows everything that stands in the way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal
-from urllib.parse import quote
 
 from google.api_core import exceptions as gexc
 from google.cloud import service_usage_v1
@@ -19,9 +19,8 @@ from pydantic import BaseModel, Field
 from blocks.hardware import GPUS
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
-from tasks import clients
+from tasks import clients, quotas
 from tasks.build_identity import BUILD_BUCKET_ROLE, REPOSITORY_ROLE
-from tasks.gcp import gcp_errors
 from tasks.infra import repository_path
 from tasks.metrics_sidecar import METRIC_WRITER_ROLE
 from tasks.permissions import (
@@ -283,54 +282,18 @@ def check_gpu_region(target: GcpTarget, profile: ServingProfile) -> Check:
                  f"{target.region} offers)")  # fmt: skip
 
 
-def gpu_quota_metric(gpu_type: str, zonal_redundancy: bool) -> str:
-    """Cloud Run's GPU quota metric: run.googleapis.com/nvidia_l4_gpu_allocation_no_zonal_redundancy and the like
-    (Cloud Run docs, "GPU support for services": quota "Total Nvidia L4 GPU allocation without zonal redundancy,
-    per project per region")."""
-    base = f"run.googleapis.com/{gpu_type.replace('-', '_')}_gpu_allocation"
-    return base if zonal_redundancy else f"{base}_no_zonal_redundancy"
-
-
-def _effective_limit(metric: dict, region: str) -> int | None:
-    """The metric's limit in ``region``: its region bucket, else its default bucket; -1 means unlimited."""
-    default = None
-    for limit in metric.get("consumerQuotaLimits", []):
-        for bucket in limit.get("quotaBuckets", []):
-            dimensions = bucket.get("dimensions") or {}
-            value = int(bucket.get("effectiveLimit", "0"))
-            if dimensions.get("region") == region:
-                return value
-            if not dimensions:
-                default = value
-    return default
-
-
-def _read_quota_metric(target: GcpTarget, metric: str):
-    """Service Usage v1beta1 ``consumerQuotaMetrics.get`` of one Cloud Run quota metric, as answered."""
-    quotas = clients.quotas(target)
-    path = f"projects/{target.project}/services/run.googleapis.com/consumerQuotaMetrics/{quote(metric, safe='')}"
-    return quotas.session.get(quotas.url(path))
-
-
 def gpu_quota_limit(target: GcpTarget, profile: ServingProfile) -> int | None:
-    """The region's GPU quota for the profile's GPU, as doctor's quota check reads it (-1 = unlimited; None: no
-    limit set for the region). Raises InfraError, naming the API to enable or the role to grant, when unreadable."""
+    """The region's GPU quota for the profile's GPU in whole GPUs, as doctor's quota check reads it (-1 = unlimited;
+    None: no limit set for the region). Raises InfraError, naming the API to enable or the role to grant, when
+    unreadable."""
     assert profile.gpu_type is not None
-    metric = gpu_quota_metric(profile.gpu_type, profile.gpu_zonal_redundancy)
-    with gcp_errors("serviceusage", "roles/serviceusage.serviceUsageViewer", f"reading {metric}", target):
-        response = _read_quota_metric(target, metric)
-        if response.status_code != 200:
-            raise gexc.from_http_response(response)
-    return _effective_limit(response.json(), target.region)
+    limit = quotas.limit_of(target, quotas.gpu_quota(profile.gpu_type, profile.gpu_zonal_redundancy))
+    return None if limit is None else -1 if limit == math.inf else math.floor(limit)
 
 
-def check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> Check:
-    """The Cloud Run GPU quota in the region covers ``max_instances`` (Service Usage v1beta1 consumer quota metric)."""
-    name = "GPU quota"
-    if profile.gpu_type is None:
-        return Check(name=name, status="ok", detail="CPU-only profile: no GPU quota needed.")
-    metric = gpu_quota_metric(profile.gpu_type, profile.gpu_zonal_redundancy)
-    response = _read_quota_metric(target, metric)
+def _check_quota(target: GcpTarget, name: str, quota: quotas.Quota, per_instance: float, instances: int) -> Check:
+    """One regional quota against ``instances`` instances of ``per_instance`` each (Service Usage v1beta1)."""
+    response = quotas.read_metric(target, quota.metric)
     if response.status_code != 200:
         message, disabled = _json_error(response)
         if disabled:
@@ -338,22 +301,44 @@ def check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> Check:
                          fix=enable_command([disabled], target.project))  # fmt: skip
         if response.status_code == 403:
             return _read_denied(name, target, message, "roles/serviceusage.serviceUsageViewer")
-        return Check(name=name, status="warn", detail=f"could not read {metric}: {response.status_code} {message}")
-    limit = _effective_limit(response.json(), target.region)
-    console = f"https://console.cloud.google.com/iam-admin/quotas?project={target.project}&metric={quote(metric)}"
+        return Check(
+            name=name, status="warn", detail=f"could not read {quota.metric}: {response.status_code} {message}"
+        )
+    raw = quotas.effective_limit(response.json(), target.region)
+    limit = None if raw is None else math.inf if raw == -1 else raw / quota.raw_per_unit
+    need = quotas.Need(quota, per_instance, instances, limit)
     if limit is None:
-        return Check(name=name, status="warn", detail=f"{metric} has no limit for {target.region}.", fix=console)
-    if limit == -1 or limit >= profile.max_instances:
-        shown = "unlimited" if limit == -1 else str(limit)
-        return Check(name=name, status="ok", detail=f"{metric} in {target.region}: {shown} >= max_instances "
-                     f"{profile.max_instances}.")  # fmt: skip
+        return Check(name=name, status="warn", detail=f"{quota.metric} has no limit for {target.region}.",
+                     fix=quota.console(target.project))  # fmt: skip
+    if need.fits:
+        return Check(name=name, status="ok", detail=f"{need.describe(target.region)}.")
+    fits = need.instances_allowed
+    setting = f"set the profile's max_instances to {fits}" if fits >= 1 else "pick a profile with a smaller instance"
     return Check(
         name=name, status="fail",
-        detail=f"{metric} in {target.region} is {limit}, below max_instances {profile.max_instances}: the deploy "
-        f'would fail with "Max instances must be set to {limit} or fewer in order to set GPU requirements."',
-        fix=f"request {profile.max_instances} at {console} (region {target.region}), or set the profile's "
-        f"max_instances to {limit}",
+        detail=f"{need.describe(target.region)}: the deploy would fail with \"Max instances must be set to {fits} or "
+        f"fewer\" ({quota.quota_id})",
+        fix=f"request {quota.quota_id} of {quotas.raw(need.requested, quota)} ('{quota.title}') at "
+        f"{quota.console(target.project)} (region {target.region}; a trial project cannot raise it), or {setting}",
     )  # fmt: skip
+
+
+def check_quotas(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """Cloud Run's regional quotas (vCPU, memory and, on a GPU profile, the GPU type's) cover ``max_instances``
+    instances of the profile: what Cloud Run checks at deploy (tasks/quotas.py)."""
+    rows = []
+    for quota, per_instance in quotas.quotas_for(profile):
+        name = {"vCPU": "CPU quota", "GiB": "Memory quota"}.get(quota.unit, "GPU quota")
+        rows.append(_check_quota(target, name, quota, per_instance, profile.max_instances))
+    return rows
+
+
+def check_gpu_quota(target: GcpTarget, profile: ServingProfile) -> Check:
+    """The Cloud Run GPU quota in the region covers ``max_instances`` (Service Usage v1beta1 consumer quota metric)."""
+    if profile.gpu_type is None:
+        return Check(name="GPU quota", status="ok", detail="CPU-only profile: no GPU quota needed.")
+    quota = quotas.gpu_quota(profile.gpu_type, profile.gpu_zonal_redundancy)
+    return _check_quota(target, "GPU quota", quota, 1.0, profile.max_instances)
 
 
 # Organisation policies -----------------------------------------------------------------------------------------

@@ -1,19 +1,33 @@
-"""Bounded, logged waits for IAM to propagate a new service account to the APIs that name it.
+"""Bounded, logged waits for IAM to propagate a new service account, or a new grant to one, to the APIs that use it.
 
-Service accounts are eventually consistent: for a minute or so after its creation (Google's IAM docs,
-"Access change propagation": typically 2 minutes, up to 7), other APIs do not know the account. A bucket,
-secret, repository or service policy naming it answers 400 "Service account X does not exist."
-(GoogleCloudPlatform/data-migration-tool issue 58), and a Cloud Run deploy running as it answers 403
-"Permission 'iam.serviceaccounts.actAs' denied on service account X (or it may not exist)."
-(terraform-provider-google issue 16350: the first apply fails, the second succeeds); a build run as it answers 403
-"caller does not have permission to act as service account X" (GoogleCloudPlatform/cloud-run-mcp PR 91: createBuild
-PERMISSION_DENIED in a new project until IAM caught up). Terraform sleeps a fixed
-10 s after creating one (magic-modules PR 10813) and still sees these errors; here the step that names the
-account retries exactly that error, with exponential backoff and a deadline, and says why it waits.
+IAM is eventually consistent: a new account, and a role newly granted, take effect "typically 2 minutes,
+potentially 7 minutes or longer" later (Google's IAM docs, "Access change propagation", for policy changes).
+Until then:
+
+- a bucket, secret, repository or service policy naming a new account answers 400 "Service account X does not
+  exist." (GoogleCloudPlatform/data-migration-tool issue 58);
+- a Cloud Run deploy running as it answers 403 "Permission 'iam.serviceaccounts.actAs' denied on service account X
+  (or it may not exist)." (terraform-provider-google issue 16350: the first apply fails, the second succeeds);
+- a build run as it answers 403 PERMISSION_DENIED "generic::permission_denied: caller does not have permission to
+  act as service account projects/P/serviceAccounts/UNIQUE_ID." (BusyaPrime/Operator-OS-Dev's CI log; kohei321dev/
+  spot-diggz issue 164; GoogleCloudPlatform/cloud-run-mcp PR 91: createBuild PERMISSION_DENIED in a new project
+  until IAM caught up): it names the account by its numeric unique id, not its email;
+- a build whose account was just granted read access to the source bucket answers 400 INVALID_ARGUMENT "could not
+  resolve source: googleapi: Error 403: X does not have storage.objects.get access to the Google Cloud Storage
+  object. Permission 'storage.objects.get' denied on resource (or it may not exist)., forbidden"
+  (DefangLabs/pulumi-defang issue 115 and doughayden/answer-app's README: a propagation race; a rerun passes);
+  its logs bucket is checked at create too: 400 'invalid bucket "B"; builder service account does not have access
+  to the bucket' (google/trillian PR 2349), which names no account: only the build's own account applies.
+
+Terraform sleeps a fixed 10 s after creating an account (magic-modules PR 10813) and still sees these errors;
+here the step retries exactly those answers, with exponential backoff, a deadline above the documented worst case,
+and a log line for each wait.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,25 +39,46 @@ from tasks.logs import run_logger
 
 T = TypeVar("T")
 
-# Real-world timings: the first retry within a second, then doubling up to 10 s between tries, for up to two
-# minutes in all (most accounts propagate within one). A sandbox window (0.6 s at its default clock) needs one
-# or two tries.
+# Real-world timings: the first retry within a second, then doubling up to 15 s between tries, for up to ten
+# minutes in all: above the "7 minutes or longer" Google gives as the worst case. A sandbox window (0.6 s at its
+# default clock) needs one or two tries.
 INITIAL_S = 1.0
 MULTIPLIER = 2.0
-MAXIMUM_S = 10.0
-DEADLINE_S = 120.0
+MAXIMUM_S = 15.0
+DEADLINE_S = 600.0
+
+
+# Grants this process made, by account email: a 400 that a missing grant would also explain is waited on only
+# while a grant of this run may still be propagating (the same refusal for a grant nobody made fails at once).
+_granted: dict[str, float] = {}
+_granted_lock = threading.Lock()
+
+
+def note_grant(email: str) -> None:
+    """Record that this run just granted ``email`` a role: its refusals meanwhile are IAM propagation."""
+    with _granted_lock:
+        _granted[email] = time.monotonic()
+
+
+def _granted_recently(email: str) -> bool:
+    with _granted_lock:
+        at = _granted.get(email)
+    return at is not None and time.monotonic() - at < DEADLINE_S
 
 
 def is_not_visible_yet(exc: BaseException, email: str) -> bool:
-    """Whether ``exc`` is an API's answer for a service account IAM has not propagated to it yet."""
+    """Whether ``exc`` is an API's answer for a service account, or a grant to it, IAM has not propagated yet."""
     message = getattr(exc, "message", None) or str(exc)
-    if isinstance(exc, gexc.Forbidden) and "permission to act as service account" in message:
-        # Cloud Build's words; it may name the account by its numeric unique id rather than its email
-        # (kohei321dev/spot-diggz issue 164), so the email is not required here.
+    if isinstance(exc, gexc.Forbidden) and "caller does not have permission to act as service account" in message:
+        # Cloud Build's words; they name the account by its numeric unique id, so the email is not required here.
         return True
+    if isinstance(exc, gexc.BadRequest) and "builder service account does not have access to the bucket" in message:
+        return _granted_recently(email)  # Cloud Build's logs bucket check, before this run's grant is effective
     if email not in message:
         return False
     if isinstance(exc, gexc.BadRequest):  # setIamPolicy on buckets, secrets, repositories, services, projects
+        if "could not resolve source" in message:  # Cloud Build: the account's new grant on the source bucket
+            return f"{email} does not have storage.objects.get access" in message and _granted_recently(email)
         return f"Service account {email} does not exist" in message
     if isinstance(exc, gexc.Forbidden):  # deploys and builds: their actAs check cannot see the account either
         return "iam.serviceaccounts.actAs" in message and "may not exist" in message  # Cloud Run's words
@@ -58,7 +93,8 @@ def propagation_retry(email: str, seen_by: str, deadline_s: float = DEADLINE_S) 
     def on_error(_exc: Exception) -> None:
         # google-api-core sleeps a random share of the current bound (full jitter): log the bound.
         log.info(
-            "service account %s is not visible to %s yet (IAM propagation); retrying in up to %.0f s",
+            "service account %s, or its new grant, is not visible to %s yet (IAM propagation, typically 2 minutes, up "
+            "to 7 or more); retrying in up to %.0f s",
             email,
             seen_by,
             delay["next"],
@@ -81,8 +117,8 @@ def when_visible(call: Callable[[], T], email: str, seen_by: str, deadline_s: fl
         return propagation_retry(email, seen_by, deadline_s)(call)()
     except gexc.RetryError as exc:
         raise InfraError(
-            f"service account {email} is still not visible to {seen_by} after {deadline_s:.0f} s: IAM has not "
-            f"propagated it yet (run again in a few minutes), or, for a deploy or a build, the identity running this "
-            f"flow lacks iam.serviceAccounts.actAs on it (grant roles/iam.serviceAccountUser on {email}); last "
-            f"error: {exc.cause}"
+            f"service account {email}, or its new grant, is still not visible to {seen_by} after {deadline_s:.0f} s: "
+            f"IAM has not propagated it yet (run again in a few minutes), or, for a deploy or a build, the identity "
+            f"running this flow lacks iam.serviceAccounts.actAs on it (grant roles/iam.serviceAccountUser on "
+            f"{email}); last error: {exc.cause}"
         ) from None

@@ -76,6 +76,14 @@ def iam_propagation(sandbox: SandboxHandle) -> Iterator[Callable[[float], dict]]
 
 
 @pytest.fixture
+def grant_propagation(sandbox: SandboxHandle) -> Iterator[Callable[[float], dict]]:
+    """A setter for how long a role granted by setIamPolicy takes to count (simulated seconds, the sandbox's
+    ``grant_propagation_seconds``); the session's value is restored after the test."""
+    with config_setter(sandbox, "grant_propagation_seconds") as set_propagation:
+        yield set_propagation
+
+
+@pytest.fixture
 def iam_propagated(iam_propagation: Callable[[float], dict]) -> None:
     """New service accounts visible at once: for tests that bind or deploy one with raw calls (no product wait)
     while testing something else; tests/integration/test_iam_propagation.py covers the window itself."""

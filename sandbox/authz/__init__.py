@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sandbox.authz.propagation import GrantLedger, policy_key
 from sandbox.authz.roles import grants
 
 if TYPE_CHECKING:
@@ -126,10 +127,27 @@ def _member_matches(ctx: ControlContext, member: str, principal: str, project_bi
 
 
 def _roles_of(ctx: ControlContext, principal: str, resource: str) -> set[str]:
+    """The roles ``principal`` holds on ``resource``, counting only grants that have taken effect
+    (sandbox.authz.propagation)."""
+    window = ctx.config.grant_propagation_seconds * ctx.config.time_scale
+    ledger: GrantLedger | None = getattr(ctx, "grants", None)
+
+    def effective(key: str, role: str, member: str) -> bool:
+        return ledger is None or not ledger.pending(key, role, member, window)
+
     project = _bindings(project_policy(ctx))
-    roles = {b["role"] for b in project if principal in b.get("members", []) or PUBLIC & set(b.get("members", []))}
+    roles = {
+        b["role"]
+        for b in project
+        for m in b.get("members", [])
+        if (m == principal or m in PUBLIC) and effective("project", b["role"], m)
+    }
+    key = policy_key(resource)
     for binding in _bindings(resource_policy(ctx, resource)):
-        if any(_member_matches(ctx, m, principal, project) for m in binding.get("members", [])):
+        if any(
+            _member_matches(ctx, m, principal, project) and effective(key, binding["role"], m)
+            for m in binding.get("members", [])
+        ):
             roles.add(binding["role"])
     return roles
 

@@ -16,8 +16,10 @@
   'iam.serviceAccounts.getAccessToken' denied on resource (or it may not exist).", google-github-actions/auth
   issue 426).
 - Cloud Build: "The caller does not have permission" (cortex-data-foundation issue 10); a build run as a
-  user-specified account the caller may not use: "caller does not have permission to act as service account
-  109095503163182759798" (the account's unique id; kohei321dev/spot-diggz issue 164).
+  user-specified account the caller may not use: PERMISSION_DENIED "generic::permission_denied: caller does not
+  have permission to act as service account projects/P/serviceAccounts/112288884898868582499." (the account's
+  numeric unique id, under the project; BusyaPrime/Operator-OS-Dev's CI log of `gcloud builds submit`, and
+  kohei321dev/spot-diggz issue 164, which quotes the id alone).
 - Compute Engine: "Required 'compute.networks.get' permission for 'projects/p/global/networks/n'" with
   ``errors: [{reason: "forbidden"}]`` (alexandarp/terraform-gke issue 2).
 - Cloud Storage: "EMAIL does not have storage.buckets.get access to the Google Cloud Storage bucket. Permission
@@ -82,7 +84,7 @@ def denial(api: str, check: Check, principal: str) -> dict:
             resource,
         )
     if permission == ACT_AS and api == "cloudbuild":
-        return _aip(f"caller does not have permission to act as service account {check.subject}", permission, resource)
+        return _aip(cloud_build_act_as(check.resource.split("/")[1], check.subject), permission, resource)
     if api == "run":
         return _aip(f"Permission '{permission}' denied on resource '{resource}' (or resource may not exist).",
                     permission, resource)  # fmt: skip
@@ -109,3 +111,11 @@ def denial(api: str, check: Check, principal: str) -> dict:
         )
     # IAM, Logging and anything else: the resource is not named.
     return _aip(f"Permission '{permission}' denied on resource (or it may not exist).", permission)
+
+
+def cloud_build_act_as(project: str, account_unique_id: str) -> str:
+    """Cloud Build's refusal of a build as an account the caller may not act as (sources above)."""
+    return (
+        "generic::permission_denied: caller does not have permission to act as service account "
+        f"projects/{project}/serviceAccounts/{account_unique_id}."
+    )

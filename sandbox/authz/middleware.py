@@ -16,6 +16,7 @@ from sandbox import authz, discovery
 from sandbox.asgi import buffer_body, send_response
 from sandbox.authz.denials import denial
 from sandbox.authz.methods import READS_BODY, Check, extra_checks, permission_for, resource_for
+from sandbox.authz.propagation import bindings_of, policy_key
 
 
 class AuthzMiddleware:
@@ -67,7 +68,27 @@ class AuthzMiddleware:
                 answer = json.dumps(denial(match.method.api.split(".")[0], check, principal)).encode()
                 await send_response(send, 403, answer, b"application/json; charset=UTF-8")
                 return
+        if match.id.endswith(".setIamPolicy"):
+            await self._recording_grants(resource, scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    async def _recording_grants(self, resource: str, scope, receive, send) -> None:
+        """A setIamPolicy call: the bindings it adds take effect later (sandbox.authz.propagation)."""
+        key = policy_key(resource)
+        read = (lambda: authz.project_policy(self.ctx)) if key == "project" else (
+            lambda: authz.resource_policy(self.ctx, resource))  # fmt: skip
+        before = bindings_of(read())
+        status: list[int] = []
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, sending)
+        if status and status[0] == 200:
+            self.ctx.grants.record(key, before, bindings_of(read()))
 
 
 def _own_project(ctx, resource: str) -> bool:

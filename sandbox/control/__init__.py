@@ -15,6 +15,7 @@ from typing import Protocol
 
 from starlette.routing import BaseRoute
 
+from sandbox.authz.propagation import GrantLedger
 from sandbox.config import SandboxConfig
 from sandbox.faults import FaultRegistry
 
@@ -45,6 +46,7 @@ class ControlContext:
     token_uri: str = ""  # where service-account keys send their assertions ("" = the control plane's /token)
     tls_ca_file: str = ""  # the TLS face's CA (sandbox/tls.py), which containers trust; "" when it is off
     modules: dict[str, ApiModule] = field(default_factory=dict)
+    grants: GrantLedger = field(default_factory=GrantLedger)  # when each role grant takes effect (sandbox.authz)
 
     def module(self, name: str):
         """Another API module by name (e.g. "iam"), or None when the sandbox runs without it."""

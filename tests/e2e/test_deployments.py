@@ -17,7 +17,7 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from blocks import ServingProfile
-from flows.common import LOCK_LEASE_S
+from flows.service_lock import LOCK_LEASE_S
 from tasks import clients
 from tasks.staging import MANIFEST, commit_prefix
 from tests.support.locks import lock_slots

@@ -123,18 +123,22 @@ def test_without_the_repository_grant_the_push_is_denied_and_the_error_names_the
     ) in message
 
 
-def test_without_read_access_to_the_source_the_fetch_is_denied(target, app):
+def test_without_read_access_to_the_source_the_create_is_refused(target, app):
+    """Cloud Build reads the source object as the build's account when the build is created: without
+    storage.objects.get the create answers 400 "could not resolve source" with Cloud Storage's 403 inside
+    (google/mcp-security issue 132); no grant of this run explains it, so it fails at once, naming the fix."""
     build_identity.ensure_build_service_account(target)
     build_identity.grant_build_repository_writer(target)
     member = f"serviceAccount:{target.build_service_account_email}"
-    # Enough for the create-time logs bucket check (buckets.get, objects.create), no objects.get: the fetch fails.
+    # Enough for the create-time logs bucket check (buckets.get, objects.create), no objects.get.
     bind(target, target.build_bucket_name, "roles/storage.objectCreator", "roles/storage.legacyBucketReader")
     with pytest.raises(ImageBuildError) as caught:
         build_image(target, app)
     message = str(caught.value)
     assert (
-        f"AccessDeniedException: 403 {target.build_service_account_email} does not have storage.objects.get access "
-        "to the Google Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may not exist)."
+        f"could not resolve source: googleapi: Error 403: {target.build_service_account_email} does not have "
+        "storage.objects.get access to the Google Cloud Storage object. Permission 'storage.objects.get' denied on "
+        "resource (or it may not exist)., forbidden"
     ) in message
     assert f"gs://{target.build_bucket_name} --member {member} --role roles/storage.admin" in message
 

@@ -54,7 +54,7 @@ def all_checks(target: GcpTarget, profile: ServingProfile = L4) -> dict[str, che
             checks.check_permissions(target, profile),
             checks.check_act_as(target),
             checks.check_gpu_region(target, profile),
-            checks.check_gpu_quota(target, profile),
+            *checks.check_quotas(target, profile),
             *checks.check_org_policies(target),
             checks.check_build_identity(target, profile),
             checks.check_bucket(target),
@@ -117,10 +117,38 @@ def test_gpu_quota_below_max_instances_fails_with_the_quota_to_request(sb, targe
     with settings(sb, gpu_quota={"nvidia-l4": 1, "nvidia-rtx-pro-6000": 1}):
         row = checks.check_gpu_quota(target, three)
     assert row.status == "fail"
-    assert "run.googleapis.com/nvidia_l4_gpu_allocation_no_zonal_redundancy in us-central1 is 1" in row.detail
-    assert "below max_instances 3" in row.detail
-    assert "request 3 at https://console.cloud.google.com/iam-admin/quotas?project=sandbox-project" in row.fix
+    assert (
+        "NvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion (run.googleapis.com/nvidia_l4_gpu_allocation_no_zonal_"
+        "redundancy) in us-central1: 3 GPU for 3 instance(s) of 1 GPU; the project has 1" in row.detail
+    )
+    assert '"Max instances must be set to 1 or fewer"' in row.detail
+    assert "request NvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion of 3 GPU" in row.fix
+    assert "at https://console.cloud.google.com/iam-admin/quotas?project=sandbox-project" in row.fix
+    assert "or set the profile's max_instances to 1" in row.fix
     assert checks.check_gpu_quota(target, three).status == "ok"  # default quota: 3
+
+
+# A new project's Cloud Run quotas in us-central1: 20 vCPU, 40 GiB (googlecodelabs/feedback#1856, #2311) and one RTX
+# Pro 6000, which Service Usage reports as 1000 milli-GPUs.
+GOOGLE_DEFAULTS = {"cpu_quota": 20, "memory_quota_gib": 40, "gpu_quota": {"nvidia-l4": 3, "nvidia-rtx-pro-6000": 1}}
+
+
+def test_on_a_new_projects_quotas_the_rtx_profile_fails_on_memory_and_reads_its_gpu_quota_in_gpus(sb, target):
+    rtx = ServingProfile.preset("rtx-pro-6000")
+    with settings(sb, **GOOGLE_DEFAULTS):
+        rows = by_name(checks.check_quotas(target, rtx))
+        two = checks.check_gpu_quota(target, rtx.model_copy(update={"max_instances": 2}))
+    assert rows["CPU quota"].status == "ok"  # 20 vCPU: exactly one instance
+    memory = rows["Memory quota"]
+    assert memory.status == "fail"
+    assert "MemAllocPerProjectRegion (run.googleapis.com/mem_allocation) in us-central1: 80 GiB" in memory.detail
+    assert '"Max instances must be set to 0 or fewer"' in memory.detail
+    assert "request MemAllocPerProjectRegion of 85899345920 bytes (80 GiB)" in memory.fix
+    assert "pick a profile with a smaller instance" in memory.fix
+    # The API's 1000 is one GPU: enough for one instance, not for two.
+    assert rows["GPU quota"].status == "ok" and "the project has 1." in rows["GPU quota"].detail
+    assert two.status == "fail" and "the project has 1:" in two.detail
+    assert "of 2000 milli-GPU (2 GPU)" in two.fix
 
 
 def test_location_policy_excluding_the_region_fails(sb, target):
@@ -264,6 +292,11 @@ def test_service_usage_itself_disabled_is_named_by_the_checks_that_read_through_
     with settings(sb, disabled_apis=["serviceusage.googleapis.com"]):
         apis = checks.check_apis(target, L4)
         quota = checks.check_gpu_quota(target, L4)
+        memory = by_name(checks.check_quotas(target, L4))["Memory quota"]
+    assert (
+        memory.status == "fail"
+        and memory.fix == "gcloud services enable serviceusage.googleapis.com --project sandbox-project"
+    )
     assert apis.status == "fail" and apis.fix.startswith("gcloud services enable ") and "run.googleapis.com" in apis.fix
     assert (
         quota.status == "fail"

@@ -19,6 +19,7 @@ from google.cloud.devtools import cloudbuild_v1 as cb
 from pydantic import SecretStr
 
 from blocks import ImageBuild
+from sandbox.identity import unique_id
 from tasks import access, build_identity, clients, infra
 from tasks.builds import build_image
 from tasks.cloudrun import deploy_candidate
@@ -45,7 +46,7 @@ def target(sandbox_target):
 
 
 def waits_logged(caplog, email: str, seen_by: str) -> list[str]:
-    wanted = f"service account {email} is not visible to {seen_by} yet (IAM propagation); retrying in up to"
+    wanted = f"service account {email}, or its new grant, is not visible to {seen_by} yet (IAM propagation"
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(wanted)]
 
 
@@ -186,7 +187,11 @@ def test_a_build_as_a_new_build_identity_waits_for_cloud_build_to_see_it(sb, tar
     )
     with pytest.raises(gexc.Forbidden) as refused:
         clients.cloud_build(target).create_build(parent=target.location_path, build=raw)
-    assert refused.value.message.endswith(f"caller does not have permission to act as service account {account}")
+    # Cloud Build's words name the account by its numeric unique id (BusyaPrime/Operator-OS-Dev's CI log).
+    assert refused.value.message.endswith(
+        ": generic::permission_denied: caller does not have permission to act as service account "
+        f"projects/{target.project}/serviceAccounts/{unique_id(email)}."
+    )
 
     # The grants go through as if IAM had caught up (they have their own waits, tested above); then the window,
     # counted from the account's creation, is set to close 1.5 s from now: Cloud Build has not caught up yet.
@@ -203,3 +208,31 @@ def test_a_build_as_a_new_build_identity_waits_for_cloud_build_to_see_it(sb, tar
         if r["method"] == "POST" and r["path"].endswith("/builds")
     ]
     assert creates[0] == 403 and creates[-1] == 200  # refused while unseen, then accepted
+
+
+def test_a_build_right_after_its_account_gets_the_source_bucket_waits_for_the_grant(
+    sb, target, iam_propagation, grant_propagation, caplog, tmp_path
+):
+    """Cloud Build reads the source as the build's account when the build is created: right after the account was
+    granted the bucket, the grant has not taken effect and the create answers 400 (DefangLabs/pulumi-defang issue
+    115); the product's build waits for it, says why, and then builds."""
+    caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
+    target = target.model_copy(update={"build_service_account_name": f"granted-build-{next(_ids)}"})
+    infra.ensure_bucket(target)
+    infra.ensure_build_bucket(target)
+    infra.ensure_artifact_registry(target)
+    (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY app.py /app/app.py\n")
+    (tmp_path / "app.py").write_text(f"print({uuid.uuid4().hex!r})\n")
+    app = ImageBuild(source_dir=str(tmp_path), image_name="app", max_jobs_ladder=[8])
+    email = target.build_service_account_email
+    iam_propagation(0)  # the account itself is known everywhere at once: only the grant lags
+    grant_propagation(150)  # 1.5 s at the default clock, past the upload of the source
+    build_identity.ensure_build_identity(target)
+    since = sb.last_request_seq()
+    result = build_image(target, app)
+    assert [a.status for a in result.attempts] == ["SUCCESS"]
+    assert waits_logged(caplog, email, "Cloud Build")
+    creates = [
+        r for r in sb.requests("control", since=since) if r["method"] == "POST" and r["path"].endswith("/builds")
+    ]
+    assert creates[0]["status"] == 400 and creates[-1]["status"] == 200

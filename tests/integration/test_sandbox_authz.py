@@ -118,7 +118,10 @@ def test_a_build_as_a_service_account_needs_act_as_and_cloud_build_names_it_by_i
     with pytest.raises(gexc.Forbidden) as caught:
         clients.cloud_build(sandbox_target).create_build(parent=sandbox_target.location_path, build=build)
     wire = _wire(caught.value)
-    assert wire["message"] == f"caller does not have permission to act as service account {unique_id(email)}"
+    assert wire["message"] == (
+        "generic::permission_denied: caller does not have permission to act as service account "
+        f"projects/{sandbox_target.project}/serviceAccounts/{unique_id(email)}."
+    )
     assert wire["details"][0]["metadata"]["permission"] == "iam.serviceAccounts.actAs"
     explained = explain_denied(caught.value.message, sandbox_target.project)
     assert "iam.serviceAccounts.actAs" in explained and "roles/iam.serviceAccountUser" in explained

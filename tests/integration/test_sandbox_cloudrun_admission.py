@@ -55,7 +55,11 @@ def test_a_correct_gpu_service_is_admitted(services, sandbox_target):
             "Mount paths [/dev/shm] are in one of disallowed mount points [/dev, /proc, /sys]",
         ),
         ({"mount_path": "/proc/models"}, "Mount paths [/proc/models] are in one of disallowed mount points"),
-        ({"max_instances": 4}, "Max instances must be set to 3 or fewer in order to set GPU requirements."),
+        (
+            {"max_instances": 4},
+            "Max instances must be set to 3 or fewer in order to set GPU requirements.\nQuota "
+            "violated:\nNvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion requested: 4 allowed: 3",
+        ),
         ({"max_instances": 0}, "Max instances must be set to 3 or fewer in order to set GPU requirements."),
         ({"zonal_redundancy_disabled": False}, "You do not have quota for using GPUs with zonal redundancy."),
         ({"cpu": "2"}, "nvidia-l4 requires at least 4 CPU"),
@@ -135,13 +139,35 @@ def test_cpu_service_without_gpu_is_admitted_and_probe_limit_is_600s(services, s
 
 
 def test_memory_quota_message_matches_cloud_run(sb, services, sandbox_target):
+    """googlecodelabs/feedback#2311, word for word after the field path."""
     sb.configure(memory_quota_gib=40)
     try:
         rtx = gpu_service("w", **RTX)
         message = rejected(services, sandbox_target, rtx)
     finally:
         sb.configure(memory_quota_gib=800)
-    assert message.endswith(": Max instances must be set to 0 or fewer to set the requested total memory.")
+    assert ": spec.template.metadata.annotations[autoscaling.knative.dev/maxScale]: Max instances" in message
+    assert message.endswith(
+        ": Max instances must be set to 0 or fewer to set the requested total memory.\nConsider running your "
+        "workload in a region with greater capacity, or requesting an increase in quota for this region if you are "
+        "seeing sustained usage near this limit, see https://cloud.google.com/run/quotas.\n\nQuota violated:\n"
+        "MemAllocPerProjectRegion requested: 85899345920 allowed: 42949672960"
+    )
+
+
+def test_cpu_and_memory_both_short_are_both_named_and_the_smallest_fit_wins(sb, services, sandbox_target):
+    """#1856: 3 instances of 20 vCPU / 80 GiB on 20 vCPU / 40 GiB: CPU would allow 1, memory 0."""
+    before = sb.configure()
+    sb.configure(memory_quota_gib=40, cpu_quota=20, gpu_quota={**before["gpu_quota"], "nvidia-rtx-pro-6000": 3})
+    try:
+        message = rejected(services, sandbox_target, gpu_service("w", **{**RTX, "max_instances": 3}))
+    finally:
+        sb.configure(**{k: before[k] for k in ("memory_quota_gib", "cpu_quota", "gpu_quota")})
+    assert "Max instances must be set to 0 or fewer to set the requested total CPU." in message
+    assert message.endswith(
+        "Quota violated:\nCpuAllocPerProjectRegion requested: 60000 allowed: 20000\n"
+        "MemAllocPerProjectRegion requested: 257698037760 allowed: 42949672960"
+    )
 
 
 @pytest.mark.parametrize("service_id", ["Upper", "9starts-with-digit", "ends-with-dash-", "x" * 50])

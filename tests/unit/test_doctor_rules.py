@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from google.cloud import orgpolicy_v2
 
-from tasks.doctor import _effective_limit, gpu_quota_metric, list_policy_allows, location_values
+from tasks.doctor import list_policy_allows, location_values
+from tasks.quotas import effective_limit
 
 
 def policy(*rules: dict) -> orgpolicy_v2.Policy:
@@ -33,11 +34,6 @@ def test_region_bucket_wins_over_the_default_and_unlimited_is_minus_one():
     metric = {"consumerQuotaLimits": [{"quotaBuckets": [
         {"effectiveLimit": "3"}, {"effectiveLimit": "1", "dimensions": {"region": "europe-west4"}},
     ]}]}  # fmt: skip
-    assert _effective_limit(metric, "europe-west4") == 1
-    assert _effective_limit(metric, "us-central1") == 3
-    assert _effective_limit({"consumerQuotaLimits": [{"quotaBuckets": [{"effectiveLimit": "-1"}]}]}, "x") == -1
-
-
-def test_gpu_quota_metric_names():
-    assert gpu_quota_metric("nvidia-l4", False) == "run.googleapis.com/nvidia_l4_gpu_allocation_no_zonal_redundancy"
-    assert gpu_quota_metric("nvidia-l4", True) == "run.googleapis.com/nvidia_l4_gpu_allocation"
+    assert effective_limit(metric, "europe-west4") == 1
+    assert effective_limit(metric, "us-central1") == 3
+    assert effective_limit({"consumerQuotaLimits": [{"quotaBuckets": [{"effectiveLimit": "-1"}]}]}, "x") == -1

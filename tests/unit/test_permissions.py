@@ -94,8 +94,8 @@ def test_doctor_permissions_are_their_own_set() -> None:
             "roles/secretmanager.admin",
         ),
         (
-            "caller does not have permission to act as service account "
-            "projects/p/serviceAccounts/b@p.iam.gserviceaccount.com",
+            "generic::permission_denied: caller does not have permission to act as service account "
+            "projects/p/serviceAccounts/112288884898868582499.",
             "iam.serviceAccounts.actAs",
             "roles/iam.serviceAccountUser",
         ),

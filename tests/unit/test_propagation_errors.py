@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.api_core import exceptions as gexc
 
-from tasks.propagation import is_not_visible_yet
+from tasks.propagation import is_not_visible_yet, note_grant
 
 EMAIL = "hf-cloudrun-build@acme-ml-prod.iam.gserviceaccount.com"
 
@@ -20,12 +20,57 @@ EMAIL = "hf-cloudrun-build@acme-ml-prod.iam.gserviceaccount.com"
             ),
             True,
         ),
-        # Cloud Build names the account by its unique id (kohei321dev/spot-diggz issue 164): still a propagation wait.
-        (gexc.Forbidden("caller does not have permission to act as service account 109095503163182759798"), True),
+        # Cloud Build names the account by its unique id (BusyaPrime/Operator-OS-Dev's CI log): a propagation wait.
+        (
+            gexc.Forbidden(
+                "generic::permission_denied: caller does not have permission to act as service account "
+                "projects/acme-ml-prod/serviceAccounts/112288884898868582499."
+            ),
+            True,
+        ),
+        # Cloud Build's create before the account's new grant on the source bucket is effective (pulumi-defang#115).
+        (
+            gexc.BadRequest(
+                f"could not resolve source: googleapi: Error 403: {EMAIL} does not have storage.objects.get access "
+                "to the Google Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may "
+                "not exist)., forbidden"
+            ),
+            True,
+        ),
+        # The same words for another account, and a missing source object, are not this build's propagation.
+        (
+            gexc.BadRequest(
+                "could not resolve source: googleapi: Error 403: 123-compute@developer.gserviceaccount.com does not "
+                "have storage.objects.get access to the Google Cloud Storage object., forbidden"
+            ),
+            False,
+        ),
+        (gexc.BadRequest("could not resolve source: googleapi: Error 404: No such object: b/o, notFound"), False),
+        # Its logs bucket check names no account: the build's own (google/trillian PR 2349).
+        (
+            gexc.BadRequest(
+                'invalid bucket "acme-ml-prod-europe-west4-hf-builds"; builder service account does not have access '
+                "to the bucket"
+            ),
+            True,
+        ),
         (gexc.BadRequest("Service account other@acme-ml-prod.iam.gserviceaccount.com does not exist."), False),
         (gexc.Forbidden(f"Permission 'run.services.create' denied on resource '{EMAIL}'"), False),
         (gexc.NotFound(f"Service account {EMAIL} does not exist."), False),
     ],
 )
 def test_only_the_apis_words_for_an_unpropagated_account_are_waited_on(error, expected):
+    note_grant(EMAIL)  # the grant-based refusals are waited on after this run's own grant only
     assert is_not_visible_yet(error, EMAIL) is expected
+
+
+def test_a_grant_refusal_without_a_grant_of_this_run_is_not_waited_on():
+    """The same 400 for a grant nobody made in this run: a missing grant, reported at once with its fix."""
+    other = "never-granted@acme-ml-prod.iam.gserviceaccount.com"
+    refusal = gexc.BadRequest(
+        f"could not resolve source: googleapi: Error 403: {other} does not have storage.objects.get access to the "
+        "Google Cloud Storage object., forbidden"
+    )
+    assert is_not_visible_yet(refusal, other) is False
+    note_grant(other)
+    assert is_not_visible_yet(refusal, other) is True

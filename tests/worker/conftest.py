@@ -67,7 +67,7 @@ def pipeline(sandbox: SandboxHandle, prefect: dict[str, str], tmp_path_factory) 
 def worker(pipeline: Pipeline, prefect: dict[str, str], tmp_path_factory) -> Iterator[Path]:
     """`prefect worker start --pool hf-pipeline --type cloud-run-v2`, prefect-gcp's own worker; its log file."""
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    # Kill the job of a run cancelled while pending (off by default in Prefect 3.9; the README recommends it).
+    # Cancellation as the README describes it: the worker kills the job of a run cancelled while it submits it.
     env = {**prefect, "PREFECT_WORKER_ENABLE_CANCELLATION": "true"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(

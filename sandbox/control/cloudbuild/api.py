@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from sandbox.authz import has_permission
+from sandbox.authz.denials import cloud_build_act_as
 from sandbox.control import ControlContext
 from sandbox.control.cloudbuild.docker import MACHINES
 from sandbox.control.cloudbuild.image_config import ImageConfig
@@ -44,6 +45,7 @@ from sandbox.control.cloudbuild.storage import BuildStorage, StorageError, split
 from sandbox.control.cloudbuild.substitutions import SubstitutionError, apply_substitutions
 from sandbox.control.errors import GoogleApiError, invalid_argument, not_found
 from sandbox.control.operations import Operations, operation_json, pack, paginate
+from sandbox.identity import unique_id
 
 logger = logging.getLogger(__name__)
 
@@ -364,9 +366,7 @@ class CloudBuild:
                 # GoogleCloudPlatform/cloud-run-mcp PR 91 (a new project: cloudBuild.createBuild failed with
                 # PERMISSION_DENIED five times, then the build started) and issue 6; DefangLabs/pulumi-defang
                 # issue 115 (a build as a just-created build account refused at create, passing on a rerun).
-                raise GoogleApiError(
-                    403, f"caller does not have permission to act as service account {build.service_account}"
-                )
+                raise GoogleApiError(403, cloud_build_act_as(self.config.project, unique_id(email)))
         if build.logs_bucket:
             bucket, _ = split_gs_url(build.logs_bucket)
             # Google's "Store and manage build logs" page (cloud.google.com/build/docs/securing-builds/
@@ -403,6 +403,18 @@ class CloudBuild:
         storage = source.storage_source
         if not storage.bucket or not storage.object_:
             raise invalid_argument("invalid build: source.storage_source needs bucket and object")
+        email = build.service_account.rsplit("/", 1)[-1]
+        if email and not has_permission(
+            self.ctx, f"serviceAccount:{email}", "storage.objects.get", f"projects/_/buckets/{storage.bucket}"
+        ):
+            # Cloud Build reads the source as the build's account, at create: refused, the create answers 400
+            # with Cloud Storage's 403 inside, also while a grant just made has not propagated (DefangLabs/
+            # pulumi-defang issue 115, doughayden/answer-app's README; the wording of google/mcp-security issue 132).
+            raise invalid_argument(
+                f"could not resolve source: googleapi: Error 403: {email} does not have storage.objects.get access "
+                "to the Google Cloud Storage object. Permission 'storage.objects.get' denied on resource (or it may "
+                "not exist)., forbidden"
+            )
         generation = await self.storage.object_generation(storage.bucket, storage.object_, storage.generation)
         if generation is None:
             if not await self.storage.bucket_exists(storage.bucket):

@@ -35,6 +35,7 @@ from google.cloud import run_v2
 
 from sandbox.config import SandboxConfig
 from sandbox.control.errors import GoogleApiError, invalid_argument
+from sandbox.control.serviceusage.catalog import gpu_quota_id
 
 
 @dataclass(frozen=True)
@@ -466,10 +467,45 @@ def _check_gpu_and_capacity(service: run_v2.Service, region: str, config: Sandbo
                     "FAILED_PRECONDITION",
                 )
         if max_instances > quota:
-            raise invalid_argument(f"Max instances must be set to {quota} or fewer in order to set GPU requirements.")
-    if max_instances * memory_gib > config.memory_quota_gib:
-        allowed = math.floor(config.memory_quota_gib / memory_gib)
-        raise invalid_argument(f"Max instances must be set to {allowed} or fewer to set the requested total memory.")
+            raise invalid_argument(
+                # As a write-up of the RTX codelab shows it (europe-west4): whole GPUs, though the quota API keeps
+                # the RTX Pro 6000's in milli-GPUs.
+                f"{MAX_SCALE_FIELD}: Max instances must be set to {quota} or fewer in order to set GPU requirements.\n"
+                "Quota violated:\n"
+                f"{gpu_quota_id(accelerator, not template.gpu_zonal_redundancy_disabled)} requested: {max_instances} "
+                f"allowed: {quota}"
+            )
+    _check_cpu_and_memory_quota(max_instances, cpu, memory_gib, config)
+
+
+# Cloud Run's refusal of a deploy whose max instances times one instance's vCPU or memory exceed the region's quota,
+# as gcloud printed it (googlecodelabs/feedback#1856 and #2311; the v1 field path, which the v2 API's messages keep
+# elsewhere too): the smallest max instances any violated quota allows, worded after the first one violated (vCPU
+# before memory, as #1856 lists them), then each violated quota in its raw unit (milli-vCPU, bytes). Whether the
+# check also counts other services' instances is not documented: it counts this service alone.
+MAX_SCALE_FIELD = "spec.template.metadata.annotations[autoscaling.knative.dev/maxScale]"
+QUOTA_ADVICE = (
+    "Consider running your workload in a region with greater capacity, or requesting an increase in quota for this "
+    "region if you are seeing sustained usage near this limit, see https://cloud.google.com/run/quotas."
+)
+
+
+def _check_cpu_and_memory_quota(max_instances: int, cpu: float, memory_gib: float, config: SandboxConfig) -> None:
+    violated = []  # (wording, quota id, requested, allowed, max instances it allows), raw units
     if max_instances * cpu > config.cpu_quota:
-        allowed = math.floor(config.cpu_quota / cpu)
-        raise invalid_argument(f"Max instances must be set to {allowed} or fewer to set the requested total cpu.")
+        violated.append(("CPU", "CpuAllocPerProjectRegion", round(max_instances * cpu * 1000),
+                         round(config.cpu_quota * 1000), math.floor(config.cpu_quota / cpu)))  # fmt: skip
+    if max_instances * memory_gib > config.memory_quota_gib:
+        allowed = round(config.memory_quota_gib * 2**30)
+        violated.append(("memory", "MemAllocPerProjectRegion", round(max_instances * memory_gib * 2**30), allowed,
+                         math.floor(config.memory_quota_gib / memory_gib)))  # fmt: skip
+    if not violated:
+        return
+    fits = min(v[4] for v in violated)
+    lines = "\n".join(
+        f"{quota_id} requested: {requested} allowed: {allowed}" for _, quota_id, requested, allowed, _ in violated
+    )
+    raise invalid_argument(
+        f"{MAX_SCALE_FIELD}: Max instances must be set to {fits} or fewer to set the requested total {violated[0][0]}."
+        f"\n{QUOTA_ADVICE}\n\nQuota violated:\n{lines}"
+    )

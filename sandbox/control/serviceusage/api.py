@@ -1,4 +1,4 @@
-"""Service Usage API: which services the project has enabled (v1), and the Cloud Run GPU quotas (v1beta1).
+"""Service Usage API: which services the project has enabled (v1), and Cloud Run's regional quotas (v1beta1).
 
 v1 (discovery document serviceusage.v1): ``GET /v1/{parent}/services[?filter=state:ENABLED]``,
 ``GET /v1/{name}`` and ``GET /v1/{parent}/services:batchGet?names=...`` (at most 30 names, all under the
@@ -6,9 +6,10 @@ parent: https://cloud.google.com/service-usage/docs/reference/rest/v1/services/b
 number, as the real API answers (``projects/123456789012/services/run.googleapis.com``). State comes from
 ``SandboxConfig.disabled_apis``.
 
-v1beta1 (serviceusage.v1beta1, ``services.consumerQuotaMetrics``): the Cloud Run GPU quota metrics with one quota
-bucket for the sandbox region and the default bucket, answered from ``SandboxConfig.gpu_quota`` (no zonal
-redundancy) and ``zonal_redundancy_gpu_quota``. The Cloud Quotas API would serve the same numbers, but google-api-
+v1beta1 (serviceusage.v1beta1, ``services.consumerQuotaMetrics``): Cloud Run's vCPU, memory and GPU quota metrics
+with one quota bucket for the sandbox region and the default bucket, answered from ``SandboxConfig.cpu_quota``,
+``memory_quota_gib``, ``gpu_quota`` (no zonal redundancy) and ``zonal_redundancy_gpu_quota``, in Google's units
+(milli-vCPU, bytes, GPUs or milli-GPUs: catalog.py). The Cloud Quotas API would serve the same numbers, but google-api-
 python-client ships no discovery document for it, so the sandbox serves the documented Service Usage view instead.
 """
 
@@ -24,9 +25,14 @@ from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument, not_found
 from sandbox.control.paging import offset_page
 from sandbox.control.serviceusage.catalog import (
+    CPU_DISPLAY_NAME,
+    CPU_METRIC,
+    MEMORY_DISPLAY_NAME,
+    MEMORY_METRIC,
     QUOTA_UNIT,
     gpu_display_name,
     gpu_metric,
+    gpu_raw_per_gpu,
     known_services,
 )
 
@@ -112,12 +118,17 @@ class ServiceUsage:
 
     # v1beta1 consumer quota metrics ------------------------------------------------------------------------------
     def _gpu_metrics(self, service: str) -> list[dict]:
+        """Cloud Run's regional quota metrics in the units Google keeps them in (catalog.py): milli-vCPU, bytes,
+        GPUs (milli-GPUs for the RTX Pro 6000)."""
         if service != "run.googleapis.com":
             return []
-        metrics = []
+        metrics = [
+            self._metric_json(service, CPU_METRIC, CPU_DISPLAY_NAME, round(self.config.cpu_quota * 1000)),
+            self._metric_json(service, MEMORY_METRIC, MEMORY_DISPLAY_NAME, round(self.config.memory_quota_gib * 2**30)),
+        ]
         for gpu_type, quota in sorted(self.config.gpu_quota.items()):
             for zonal in (False, True):
-                limit = self.config.zonal_redundancy_gpu_quota if zonal else quota
+                limit = (self.config.zonal_redundancy_gpu_quota if zonal else quota) * gpu_raw_per_gpu(gpu_type)
                 metrics.append(
                     self._metric_json(service, gpu_metric(gpu_type, zonal), gpu_display_name(gpu_type, zonal), limit)
                 )

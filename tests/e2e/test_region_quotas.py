@@ -1,0 +1,62 @@
+"""A first RTX Pro 6000 promotion on a new project's Cloud Run quotas (20 vCPU, 40 GiB, one RTX GPU kept as 1000
+milli-GPUs): refused by promote-model's preflight before it writes anything, naming the quota and the request. On
+main before this check it made 22 cloud writes and staged the weights, then Cloud Run refused the service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from flows.promote import promote_model
+from tasks.quotas import QuotaExceeded
+from tests.e2e.test_flows import artifact
+
+pytestmark = pytest.mark.prefect
+# googlecodelabs/feedback#1856 and #2311: what a new project has in us-central1.
+GOOGLE_DEFAULTS = {"cpu_quota": 20, "memory_quota_gib": 40, "gpu_quota": {"nvidia-l4": 3, "nvidia-rtx-pro-6000": 1}}
+READ_VERBS = (":testIamPermissions", ":getEffectivePolicy", ":batchGet")
+
+
+@contextmanager
+def settings(sb, **changes) -> Iterator[None]:
+    before = sb.configure()
+    sb.configure(**changes)
+    try:
+        yield
+    finally:
+        sb.configure(**{key: before[key] for key in changes})
+
+
+def cloud_writes(sb, since: int) -> list[str]:
+    """Every call since ``since`` to the Google stand-ins that is not a read."""
+    return [
+        f"{r['server']} {r['method']} {r['path']}"
+        for r in sb.requests(since=since)
+        if r["server"] in ("control", "gcs") and r["method"] != "GET" and not r["path"].endswith(READ_VERBS)
+    ]
+
+
+def test_the_first_rtx_promotion_on_a_new_projects_quotas_is_refused_before_any_write(sb, flow_env):
+    since = sb.last_request_seq()
+    with settings(sb, **GOOGLE_DEFAULTS), pytest.raises(QuotaExceeded) as refused:
+        promote_model(model="sandbox/tiny-chat", service="quota-rtx", profile="rtx-pro-6000",
+                      token_secret_block="sandbox-hf-token")  # fmt: skip
+    message = str(refused.value)
+    assert message.startswith("max_instances: 1 instance(s) of 20 vCPU, 80 GiB and a nvidia-rtx-pro-6000 GPU")
+    assert "MemAllocPerProjectRegion (run.googleapis.com/mem_allocation) in us-central1: 80 GiB" in message
+    assert "Request MemAllocPerProjectRegion of 85899345920 bytes (80 GiB)" in message
+    # 20 vCPU and the one GPU (the quota API's 1000 milli-GPUs) are enough: only memory is named.
+    assert "CpuAllocPerProjectRegion" not in message and "Gpu" not in message
+    assert cloud_writes(sb, since) == []
+    assert "MemAllocPerProjectRegion" in artifact("promotion-quota-rtx")
+
+
+def test_with_the_quota_raised_the_same_promotion_passes_preflight(sb, flow_env):
+    """The refusal is the quota's, not the profile's: with 80 GiB the preflight lets the promotion through."""
+    raised = {**GOOGLE_DEFAULTS, "memory_quota_gib": 80}
+    with settings(sb, **raised):
+        report = promote_model(model="sandbox/tiny-chat", service="quota-rtx-ok", profile="rtx-pro-6000",
+                               token_secret_block="sandbox-hf-token", dry_run=True)  # fmt: skip
+    assert report.outcome == "dry-run"
