@@ -46,6 +46,7 @@ class ModelSpec(BaseModel):
     load_mode: str | None = None
     schedule: WarmHours | None = None
     canary: list[int] | None = None
+    rollout: Literal["zero-downtime", "replace"] | None = None
     watch: WatchOptions | None = None
     metrics: Literal["none", "vllm"] | None = None  # the profile's metrics sidecar choice, for this model
 

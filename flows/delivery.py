@@ -38,13 +38,16 @@ from tasks.delivery import (
 from tasks.gcp import InfraError
 from tasks.logs import run_logger
 from tasks.report import PromotionReport
+from tasks.rollout import Rollout
 
 
 class Delivery(BaseModel):
-    """How traffic moves once the candidate is verified: the canary steps and the watch of each."""
+    """How traffic moves once the candidate is verified: the canary steps and the watch of each; and how the
+    candidate gets its GPU (``rollout``: beside the serving revision, or in its place: tasks/rollout.py)."""
 
     canary: list[int]
     watch: WatchOptions
+    rollout: Rollout = "zero-downtime"
     vllm_metrics: bool = False  # the Prometheus sidecar runs beside vLLM: TTFT, TPOT and stream errors are judged
 
     def samples(self, profile: ServingProfile) -> int:

@@ -7,6 +7,8 @@ URL; on any failure it stays where it was, and the report says so.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from google.api_core import exceptions as gexc
 from google.cloud import run_v2
@@ -20,15 +22,18 @@ from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
 from flows.delivery import Delivery, deliver, fenced, watch_promoted
 from flows.doctor import check_project
-from tasks import access, act_as, build_identity, clients, infra
+from flows.service_lock import ServiceLock
+from tasks import access, act_as, build_identity, clients, infra, verdicts
 from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.cloudrun import (
     CANDIDATE_TAG,
+    Candidate,
     run_abandon_candidate,
     run_deploy_candidate,
     run_verify_candidate,
     service_id_for,
     service_path,
+    serving_traffic,
 )
 from tasks.cost import estimate
 from tasks.delivery import (
@@ -37,13 +42,13 @@ from tasks.delivery import (
     monitoring_read_revision,
 )
 from tasks.doctor import gpu_quota_limit
-from tasks.gcp import explain_forbidden
+from tasks.gcp import InfraError, explain_forbidden
 from tasks.hub import read_json_file, resolve_model
 from tasks.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.logs import run_logger
 from tasks.preflight import (
     ModelFacts,
-    check_canary_quota,
+    check_candidate_quota,
     check_model,
     check_profile,
     check_service,
@@ -51,9 +56,10 @@ from tasks.preflight import (
 )
 from tasks.probe import VerifyOptions
 from tasks.progress import artifact_key
-from tasks.quotas import check_region_quotas
+from tasks.quotas import check_region_quotas, gpu_quota
 from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
 from tasks.report import PromotionReport
+from tasks.rollout import Rollout, run_resume_serving, run_stop_serving
 from tasks.schedules import WarmHours
 from tasks.selection import check_index, index_to_check, select_files
 from tasks.staging import StagingOptions, commit_prefix, hf_stage_model
@@ -174,6 +180,7 @@ def promote_model(
     verify: VerifyOptions | None = None,
     canary: list[int] | None = None,
     watch: WatchOptions | None = None,
+    rollout: str | None = None,
     dry_run: bool = False,
     warm_hours_per_week: float | None = None,
     spec_file: str | None = None,
@@ -186,7 +193,9 @@ def promote_model(
     (`watch`: sampling periods and the SLO: the error ratio and request p95, and with the profile's or model file's
     `metrics: vllm` also TTFT, TPOT and errors inside streams; the profile's watch_samples by default). A breach moves
     traffic back to the revision that served before, emits `model.rolled_back` and fails the run; any other failure
-    leaves traffic where it was. The image strategy is the profile's unless the run gives one: `image` (a pinned
+    leaves traffic where it was. `rollout: replace` is for a GPU quota that cannot hold the candidate beside the
+    serving revision (one RTX Pro 6000): the serving revision stops first, and the report gives the downtime.
+    The image strategy is the profile's unless the run gives one: `image` (a pinned
     prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a recipe, with the OOM ladder).
     `dry_run` stops after preflight and rendering and shows the plan, the gcloud equivalent and the Cloud Build
     YAML. `spec_file` (a file in deployments/) supplies any parameter not given; without either, revision is main,
@@ -231,6 +240,7 @@ def promote_model(
             canary=check_canary(canary if canary is not None else spec.get("canary")),
             watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
             vllm_metrics=serving.metrics == "vllm",
+            rollout=check_rollout(rollout or spec.get("rollout") or "zero-downtime"),
         )
         delivery.watch.refuse_without_vllm_metrics(serving.metrics)
         _promote(report, gcp, serving, source, service_id, verify, delivery, dry_run)
@@ -270,9 +280,8 @@ def _promote(
                 "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
             )
         check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at the deploy
-        if delivery.canary and profile.gpu_type and not dry_run:  # the region's quota, read as doctor reads it
-            quota = gpu_quota_limit(target, profile)
-            report.findings += raise_on_errors(check_canary_quota(profile, delivery.canary, quota, target.region))
+        if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
+            report.findings += raise_on_errors(_candidate_quota(target, profile, service_id, delivery))
     with report.step("resolve"):
         commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, options)
         report.commit = commit
@@ -310,6 +319,7 @@ def _promote(
             report.findings += [f for f in final if f not in report.findings]
         with report.step("deploy candidate"):
             lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
+            stopped = _stop_for_replace(report, target, service_id, spec, delivery)
             candidate = run_deploy_candidate(target, service_id, spec)
             report.candidate_url = candidate.url if not candidate.unchanged else None
             report.service_url = candidate.service_url
@@ -332,11 +342,94 @@ def _promote(
                 except Exception:
                     fenced(lock, target, service_id, candidate.left_serving, "abandon the candidate")
                     run_abandon_candidate(target, service_id, candidate)
+                    if stopped is not None:  # the old revision serves again, from a cold start on the freed GPU
+                        run_resume_serving(target, service_id, stopped, profile.max_instances)
+                        report.downtime = f"{_since(report):.0f} s, and the old revision's cold start (replace rollout)"
                     raise
-            deliver(report, target, service_id, candidate, delivery, samples, lock)
+            if stopped is not None:
+                _replace(report, target, service_id, candidate, delivery, samples, lock, stopped, profile)
+            else:
+                deliver(report, target, service_id, candidate, delivery, samples, lock)
         with report.step("invokers"):
             access.run_ensure_invokers(target, service_id)
         _where_traffic_stands(report, target, service_id)
+
+
+def check_rollout(rollout: str) -> Rollout:
+    if rollout not in ("zero-downtime", "replace"):
+        raise ValueError(
+            f"rollout: '{rollout}' is not a rollout; use zero-downtime (the candidate starts beside the serving "
+            "revision) or replace (the serving revision stops first: no second GPU, but downtime)"
+        )
+    return rollout  # type: ignore[return-value]
+
+
+def _serves(target: GcpTarget, service_id: str) -> bool:
+    try:
+        return bool(serving_traffic(target, service_id))
+    except gexc.NotFound:
+        return False
+
+
+def _candidate_quota(target: GcpTarget, profile: ServingProfile, service_id: str, delivery: Delivery) -> list:
+    """Whether the region's GPU quota holds the candidate beside the serving revision (zero-downtime, canary), read
+    as doctor reads it; unreadable (no serviceusage.quotas.get), the deploy finds out."""
+    assert profile.gpu_type is not None
+    serving = _serves(target, service_id)
+    if delivery.rollout == "zero-downtime" and not serving and not delivery.canary:
+        return []
+    try:
+        quota = gpu_quota_limit(target, profile)
+    except (gexc.GoogleAPICallError, InfraError) as exc:
+        run_logger().warning("the region's GPU quota could not be read, so the deploy checks it: %s", exc)
+        quota = None
+    quota_id = gpu_quota(profile.gpu_type, profile.gpu_zonal_redundancy).quota_id
+    return check_candidate_quota(profile, delivery.rollout, delivery.canary, serving, quota, target.region, quota_id)
+
+
+def _since(report: PromotionReport) -> float:
+    return time.monotonic() - (report.stopped_at or time.monotonic())
+
+
+def _stop_for_replace(
+    report: PromotionReport, target: GcpTarget, service_id: str, spec: run_v2.Service, delivery: Delivery
+) -> run_v2.ServiceScaling | None:
+    """With the replace rollout, the serving revision stops before the candidate is deployed (its GPU freed): the
+    scaling it had, to resume with; None when there is nothing to replace (a first deploy, the same revision)."""
+    if delivery.rollout != "replace":
+        return None
+    try:
+        serving = serving_traffic(target, service_id)
+    except gexc.NotFound:
+        return None
+    if not serving or serving == [(spec.template.revision, 100)]:
+        return None
+    stopped = run_stop_serving(target, service_id)
+    report.stopped_at = time.monotonic()
+    run_logger().warning(
+        "replace rollout: %s serves nothing from now until %s takes its traffic (the GPU quota holds one of them)",
+        service_id, spec.template.revision,
+    )  # fmt: skip
+    return stopped
+
+
+def _replace(
+    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
+    samples: int, lock: ServiceLock, stopped: run_v2.ServiceScaling, profile: ServingProfile,
+) -> None:  # fmt: skip
+    """The verified candidate takes all traffic and the service scales automatically again, in one update; the
+    watch follows at 100 %, with no previous revision kept warm (there is no GPU for it)."""
+    with report.step("promote"):
+        fenced(lock, target, service_id, candidate.left_serving, "promote")
+        run_resume_serving(target, service_id, stopped, profile.max_instances, candidate.revision)
+        verdicts.record(target, candidate.service, candidate.revision, "verified")
+        report.downtime = (
+            f"{_since(report):.0f} s (replace rollout: from stopping {candidate.previous_revision} to "
+            f"{candidate.revision} taking all traffic)"
+        )
+        report.outcome = "promoted"
+        report.serving_revision = candidate.revision
+    watch_promoted(report, target, service_id, candidate, delivery, samples, None, False, lock)
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:

@@ -29,6 +29,7 @@ class ConfigUpdate(BaseModel):
     zonal_redundancy_gpu_quota: int | None = Field(None, ge=0)
     cpu_quota: float | None = None
     memory_quota_gib: float | None = None
+    runtime_gpu_quota: bool | None = None
     iam_propagation_seconds: float | None = Field(None, ge=0)
     grant_propagation_seconds: float | None = Field(None, ge=0)
     monitoring_delay_seconds: float | None = Field(None, ge=0)

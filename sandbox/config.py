@@ -36,6 +36,12 @@ class SandboxConfig(BaseModel):
     zonal_redundancy_gpu_quota: int = Field(0, ge=0, description="GPUs with zonal redundancy; new projects have none")
     cpu_quota: float = Field(200, description="regional vCPU quota for Cloud Run")
     memory_quota_gib: float = Field(800, description="regional memory quota for Cloud Run, GiB")
+    runtime_gpu_quota: bool = Field(
+        False,
+        description="count the GPUs of running instances against gpu_quota, so an instance that would exceed it "
+        "does not start (as on Cloud Run); off by default because the sandbox keeps idle instances (a session's "
+        "services would hold every GPU)",
+    )
     disabled_apis: list[str] = Field(
         default_factory=list,
         description="services not enabled in the project (e.g. 'run.googleapis.com'): Service Usage reports them "

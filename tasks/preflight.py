@@ -445,21 +445,35 @@ def raise_on_errors(findings: list[Finding]) -> list[Finding]:
     return findings
 
 
-def check_canary_quota(profile: ServingProfile, canary: list[int], quota: int | None, region: str) -> list[Finding]:
-    """A canary runs the candidate beside the serving revision: one more GPU instance than ``max_instances`` must fit
-    the region's GPU quota (``quota`` as Service Usage reports it; -1 or None: no limit)."""
-    if not canary or profile.gpu_type is None or quota is None or quota == -1:
+def check_candidate_quota(
+    profile: ServingProfile, rollout: str, canary: list[int], serving: bool, quota: int | None, region: str,
+    quota_id: str,
+) -> list[Finding]:  # fmt: skip
+    """A zero-downtime re-promotion (or a canary) runs the candidate beside the serving revision, whose `previous`
+    tag then stays warm through the watch: one more GPU instance than ``max_instances`` must fit the region's GPU
+    quota (``quota`` in GPUs; -1 or None: no limit). Where it cannot, the choice is the user's: more quota, or the
+    `replace` rollout, which stops the serving revision first (tasks/rollout.py)."""
+    if profile.gpu_type is None:
         return []
+    if rollout == "replace":
+        if canary:
+            return [_error("rollout", f"replace stops the serving revision before the candidate starts: there is "
+                           f"no traffic to split, so canary {canary} cannot run; leave canary empty, or use the "
+                           "zero-downtime rollout", 6)]  # fmt: skip
+        return []
+    if not serving or quota is None or quota == -1:
+        return []  # a first deploy: max_instances alone, checked against the quota by itself
     needed = profile.max_instances + 1
     if needed <= quota:
         return []
     return [
         _error(
-            "canary",
-            f"{canary} runs the candidate beside the serving revision: {needed} {profile.gpu_type} GPUs at once "
-            f"(max_instances {profile.max_instances} + 1), above the region's quota of {quota} in {region}; leave "
-            "canary empty (the candidate is verified at its tag URL and watched after promotion), lower "
-            "max_instances, or request more quota",
+            "rollout",
+            f"re-promoting starts the candidate beside the serving revision (zero-downtime): {needed} "
+            f"{profile.gpu_type} GPUs at once (max_instances {profile.max_instances} + 1), above the region's quota "
+            f"of {quota} ({quota_id}) in {region}. Either request {quota_id} of {needed} GPUs for {region}, or set "
+            "rollout to replace: the serving revision is stopped first and the service answers 503 until the "
+            "candidate is verified and takes all traffic (its start-up: the model's load, minutes on a GPU)",
             6,
         )
     ]

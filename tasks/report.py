@@ -44,6 +44,8 @@ class PromotionReport(BaseModel):
     candidate_url: str | None = None
     traffic: list[tuple[str, int]] = Field(default_factory=list, description="Where traffic stands at the end.")
     traffic_unknown: str | None = Field(None, description="Why where traffic stands could not be read (e.g. a 403).")
+    downtime: str | None = Field(None, description="What a replace rollout cost: how long the service served nothing.")
+    stopped_at: float | None = Field(None, exclude=True, description="When a replace rollout stopped the service.")
     verification: Verification | None = None
     delivery: list[StepResult] = Field(
         default_factory=list, description="Each traffic step (canary, then 100 %) as Cloud Monitoring saw it."
@@ -121,6 +123,8 @@ class PromotionReport(BaseModel):
         ]
         if self.candidate_url:
             rows.append(f"| candidate URL | {self.candidate_url} |")
+        if self.downtime:
+            rows.append(f"| downtime | {self.downtime} |")
         if self.cost:
             c = self.cost
             rows.append(

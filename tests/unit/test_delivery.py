@@ -13,7 +13,7 @@ from blocks.profile import PRESETS, ServingProfile
 from flows.common import ModelSpec
 from tasks.delivery import RolledBack, StepResult, WatchOptions, canary_split, check_canary, judge
 from tasks.monitoring import LatencyHistogram, RevisionTraffic, add_distribution, bucket_bounds, parse_time
-from tasks.preflight import check_canary_quota
+from tasks.preflight import check_candidate_quota
 from tasks.report import PromotionReport
 
 
@@ -91,15 +91,29 @@ def test_nanosecond_timestamps_parse() -> None:
     assert parse_time("2026-12-01T15:00:00Z") == datetime(2026, 12, 1, 15, tzinfo=UTC)
 
 
-def test_a_canary_the_quota_cannot_hold_is_refused() -> None:
+RTX_QUOTA = "NvidiaRtxPro6000GpuAllocNoZonalRedundancyPerProjectRegion"
+
+
+def test_a_re_promotion_the_gpu_quota_cannot_hold_beside_the_serving_revision_offers_replace() -> None:
     rtx = ServingProfile.model_validate({**PRESETS["rtx-pro-6000"], "name": "rtx-pro-6000"})
-    (finding,) = check_canary_quota(rtx, [10, 50], quota=1, region="europe-west4")
-    assert finding.setting == "canary" and "2 nvidia-rtx-pro-6000 GPUs" in finding.message
-    assert "leave canary empty" in finding.message
+    (finding,) = check_candidate_quota(rtx, "zero-downtime", [], True, quota=1, region="europe-west4",
+                                       quota_id=RTX_QUOTA)  # fmt: skip
+    assert finding.setting == "rollout" and "2 nvidia-rtx-pro-6000 GPUs at once" in finding.message
+    assert f"request {RTX_QUOTA} of 2 GPUs for europe-west4" in finding.message
+    assert "set rollout to replace" in finding.message and "answers 503" in finding.message
+    # A canary needs the same GPU; replace cannot split traffic at all.
+    assert check_candidate_quota(rtx, "zero-downtime", [10], True, 1, "europe-west4", RTX_QUOTA)
+    (split,) = check_candidate_quota(rtx, "replace", [10], True, 1, "europe-west4", RTX_QUOTA)
+    assert "no traffic to split" in split.message
+
+
+def test_quota_for_both_a_first_deploy_and_replace_need_no_second_gpu() -> None:
+    rtx = ServingProfile.model_validate({**PRESETS["rtx-pro-6000"], "name": "rtx-pro-6000"})
     l4 = ServingProfile.model_validate({**PRESETS["l4"], "name": "l4"})
-    assert check_canary_quota(l4, [10, 50], quota=3, region="us-central1") == []
-    assert check_canary_quota(rtx, [10], quota=-1, region="us-central1") == []  # unlimited
-    assert check_canary_quota(rtx, [], quota=1, region="us-central1") == []
+    assert check_candidate_quota(rtx, "zero-downtime", [], False, 1, "us-central1", RTX_QUOTA) == []  # first deploy
+    assert check_candidate_quota(rtx, "replace", [], True, 1, "us-central1", RTX_QUOTA) == []
+    assert check_candidate_quota(l4, "zero-downtime", [10, 50], True, 3, "us-central1", RTX_QUOTA) == []
+    assert check_candidate_quota(rtx, "zero-downtime", [10], True, -1, "us-central1", RTX_QUOTA) == []  # unlimited
 
 
 def test_the_report_has_a_row_per_step_and_says_where_traffic_went_back() -> None:

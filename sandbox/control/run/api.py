@@ -538,10 +538,31 @@ class CloudRun:
             res.condition("ConfigurationsReady", State.CONDITION_SUCCEEDED),
         ]
         service.etag = res.etag_of(service)
+        await self._stop_manually_scaled(record)
         self._finish(op, service)
         task = asyncio.create_task(self._retire_unrouted(record))
         record.rollouts.add(task)
         task.add_done_callback(record.rollouts.discard)
+
+    def _manually_stopped(self, record: ServiceRecord) -> set[str]:
+        """Revisions that may run no instance: those taking traffic in a service scaled manually to 0.
+
+        Cloud Run docs, "Manual scaling": the manual instance count "is divided among all revisions with specified
+        traffic based on the percent of traffic they are receiving"; revisions left with none answer "the same
+        error as if the revisions were disabled" (no status given: the sandbox's 503 for a revision without an
+        instance, unconfirmed). A revision active only through a tag is outside the count and scales to at most
+        one instance on its tag URL's traffic (the page's zh-cn and ko versions, where the English excerpt is cut).
+        """
+        scaling = record.service.scaling
+        if scaling.scaling_mode != run_v2.ServiceScaling.ScalingMode.MANUAL or scaling.manual_instance_count > 0:
+            return set()
+        return {revision for revision, percent in record.routes if percent > 0}
+
+    async def _stop_manually_scaled(self, record: ServiceRecord) -> None:
+        """A manual count of 0 stops the instances of the revisions taking traffic (how fast Cloud Run stops them
+        is not documented: here before the update's operation ends)."""
+        for short in self._manually_stopped(record):
+            await self._stop_instance(f"{record.service.name}/revisions/{short}")
 
     def _routed(self, record: ServiceRecord) -> set[str]:
         return {r for r, pct in record.routes if pct} | set(record.tag_routes.values())
@@ -611,6 +632,7 @@ class CloudRun:
         """Start the revision's containers in dependsOn order: each wave once the previous one passed its startup
         probes (validation.start_waves); the ingress container is the process, sidecars run in-process."""
         spec = await self.internet.wire(self._instance_spec(record, revision, faults), revision)
+        self._check_gpu_in_use(revision.name, spec.accelerator)
         workdir = self.state_dir / record.service_id / spec.revision
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -647,6 +669,28 @@ class CloudRun:
                     return outcome
         return outcome
 
+    def _check_gpu_in_use(self, revision_name: str, accelerator: str) -> None:
+        """With ``runtime_gpu_quota``, an instance needing a GPU starts only while the running instances' GPUs of its
+        type leave room in the region's quota ("About maximum instances": quotas "are also accounted as a sum of all
+        in-use resources in the region across of your Cloud Run resources"). The refusal is the revision's, in
+        Cloud Run's words (GoogleCloudPlatform/magic-modules PR 17149: "Revision '...' is not ready and cannot serve
+        traffic. Quota exceeded for total allowable count of GPUs per project per region."). Off by default: the
+        sandbox never idles instances out on its own, so a test session's many services would hold every GPU."""
+        if not accelerator or not self.config.runtime_gpu_quota:
+            return
+        in_use = sum(
+            1
+            for name, instance in self.instances.items()
+            if name != revision_name and instance.running and instance.spec.accelerator == accelerator
+        )
+        if in_use >= self.config.gpu_quota.get(accelerator, 0):
+            short = revision_name.rsplit("/", 1)[1]
+            raise RevisionStartError(
+                f"Revision '{short}' is not ready and cannot serve traffic. Quota exceeded for total allowable count "
+                "of GPUs per project per region.",
+                run_v2.Condition.CommonReason.REVISION_FAILED,
+            )
+
     def _sidecar(
         self, record: ServiceRecord, revision: run_v2.Revision, instance: Instance, container: run_v2.Container
     ) -> GmpSidecar:
@@ -673,6 +717,8 @@ class CloudRun:
     async def _instance_url(self, record: ServiceRecord, short: str) -> str | None:
         """The instance serving ``short``; cold-starts one if the revision is routable but scaled to zero."""
         name = f"{record.service.name}/revisions/{short}"
+        if short in self._manually_stopped(record):
+            return None  # the front end answers 503, as for a revision with no instance
         instance = self.instances.get(name)
         if instance is not None and instance.running:
             return instance.url

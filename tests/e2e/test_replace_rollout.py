@@ -1,0 +1,91 @@
+"""A re-promotion on one GPU (the RTX Pro 6000's default quota): the candidate cannot start beside the serving
+revision, so zero-downtime is refused before anything is spent, naming the quota and the choice; `rollout: replace`
+stops the serving revision first (manual scaling to 0, tasks/rollout.py), verifies the candidate on the freed GPU
+and moves all traffic to it, reporting the downtime it caused.
+
+The sandbox counts running instances' GPUs against the quota here (``runtime_gpu_quota``), as Cloud Run does ("About
+maximum instances": quotas are "accounted as a sum of all in-use resources in the region").
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tasks import clients
+from tasks.cloudrun import DeployFailed, deploy_candidate
+from tasks.preflight import PreflightError
+from tests.e2e.test_flows import artifact, promote, run_service
+
+pytestmark = pytest.mark.prefect
+RTX = "rtx-pro-6000"
+_ids = itertools.count()
+
+
+@pytest.fixture
+def one_rtx_gpu(sb) -> Iterator[None]:
+    before = sb.configure()
+    sb.run("POST", "/idle")  # instances other tests left idle hold no GPU any more, as after Cloud Run's idle time
+    sb.configure(runtime_gpu_quota=True, gpu_quota={**before["gpu_quota"], "nvidia-rtx-pro-6000": 1})
+    yield
+    sb.configure(runtime_gpu_quota=before["runtime_gpu_quota"], gpu_quota=before["gpu_quota"])
+
+
+def running(sb, service: str) -> list[str]:
+    return sorted(i["revision"].rsplit("/", 1)[1] for i in sb.run("GET", "/instances")
+                  if f"/services/{service}/" in i["revision"] and i["running"])  # fmt: skip
+
+
+def writes(sb, since: int) -> list[str]:
+    reads = (":testIamPermissions", ":batchGet")
+    return [f"{r['method']} {r['path']}" for r in sb.requests("control", since=since)
+            if r["method"] != "GET" and not r["path"].endswith(reads)]  # fmt: skip
+
+
+def test_on_one_gpu_a_candidate_cannot_start_beside_the_serving_revision(sb, flow_env, one_rtx_gpu):
+    """What zero-downtime meets on one GPU, with the preflight out of the way: Cloud Run's own refusal."""
+    service = f"one-gpu-{next(_ids)}"
+    old = promote(service, profile=RTX).serving_revision
+    spec = run_service(flow_env, service)
+    spec.template.revision = f"{service}-beside"
+    spec.template.containers[0].env.append({"name": "CHANGED", "value": "1"})
+    with pytest.raises(DeployFailed, match=r"Quota exceeded for total allowable count of GPUs per project per region"):
+        deploy_candidate(flow_env, service, spec)
+    assert running(sb, service) == [old]  # the serving revision kept its GPU and serves
+
+
+def test_zero_downtime_is_refused_before_any_write_and_replace_promotes_with_its_downtime(
+    sb, flow_env, one_rtx_gpu, traffic
+):
+    service = f"replace-{next(_ids)}"
+    old = promote(service, profile=RTX).serving_revision
+    since = sb.last_request_seq()
+    with pytest.raises(PreflightError) as refused:
+        promote(service, profile=RTX, revision="dev")
+    message = str(refused.value)
+    assert "2 nvidia-rtx-pro-6000 GPUs at once" in message and "quota of 1" in message
+    assert "request NvidiaRtxPro6000GpuAllocNoZonalRedundancyPerProjectRegion of 2 GPUs" in message
+    assert "set rollout to replace" in message
+    assert writes(sb, since) == []  # refused before anything was spent
+
+    client = traffic(service)
+    report = promote(service, profile=RTX, revision="dev", rollout="replace")
+    client.stop.set()
+    assert report.outcome == "promoted" and report.serving_revision != old
+    # The downtime users saw: the old revision answered, then nothing did (503), then the new one.
+    statuses = [(a.status, a.revision) for a in client.answers]
+    first_503 = next(i for i, (status, _) in enumerate(statuses) if status == 503)
+    assert all(status == 200 and revision == old for status, revision in statuses[:first_503]), statuses[:first_503]
+    assert statuses[-1] == (200, report.serving_revision)
+    assert report.downtime is not None and "replace rollout" in report.downtime
+    current = run_service(flow_env, service)
+    assert [(s.revision, s.percent) for s in current.traffic_statuses if s.percent] == [(report.serving_revision, 100)]
+    assert current.scaling.scaling_mode.name == "AUTOMATIC"  # scaling is automatic again
+    assert running(sb, service) == [report.serving_revision]  # one GPU, held by the new revision
+    assert "| downtime |" in artifact(f"promotion-{service}")
+    token = clients.identity_token(flow_env, current.uri).get_secret_value()
+    answer = httpx.get(f"{current.uri}/health", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    assert answer.status_code == 200 and answer.headers["x-sandbox-revision"] == report.serving_revision
