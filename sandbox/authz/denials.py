@@ -99,7 +99,11 @@ def denial(api: str, check: Check, principal: str) -> dict:
         return _aip("The caller does not have permission", permission, resource)
     if api == "monitoring":
         # "7 PERMISSION_DENIED: Permission monitoring.timeSeries.list denied (or the resource may not exist)."
-        # (GoogleCloudPlatform/autoscaler docs, poller troubleshooting; Checkmk's GCP special agent tests).
+        # (GoogleCloudPlatform/autoscaler docs, poller troubleshooting; Checkmk's GCP special agent tests); over
+        # REST the same message with status PERMISSION_DENIED and no details (dynatrace-oss/dynatrace-gcp-monitor
+        # issues 25 and 42: "{'code': 403, 'message': 'Permission monitoring.timeSeries.create denied (or the
+        # resource may not exist).', 'status': 'PERMISSION_DENIED'}"). A review's "Permission denied (or the
+        # resource may not exist)." with a DebugInfo detail has no public source found: not used.
         return _aip(f"Permission {permission} denied (or the resource may not exist).", permission, resource)
     if api == "compute":
         return _forbidden(f"Required '{permission}' permission for '{resource}'")

@@ -37,3 +37,11 @@ def test_region_bucket_wins_over_the_default_and_unlimited_is_minus_one():
     assert effective_limit(metric, "europe-west4") == 1
     assert effective_limit(metric, "us-central1") == 3
     assert effective_limit({"consumerQuotaLimits": [{"quotaBuckets": [{"effectiveLimit": "-1"}]}]}, "x") == -1
+
+
+def test_limits_without_buckets_or_values_read_as_no_limit_or_zero():
+    assert effective_limit({"consumerQuotaLimits": [{"quotaBuckets": None}]}, "us-central1") is None
+    assert effective_limit({"consumerQuotaLimits": None}, "us-central1") is None
+    assert effective_limit({}, "us-central1") is None
+    # proto3 JSON leaves a zero out: a region bucket without effectiveLimit is a quota of 0, not "unknown"
+    assert effective_limit({"consumerQuotaLimits": [{"quotaBuckets": [{"dimensions": {"region": "x"}}]}]}, "x") == 0

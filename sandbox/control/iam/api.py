@@ -127,7 +127,9 @@ class Iam:
     def missing_account(self, email: str) -> str | None:
         """The "does not exist" message IAM-aware APIs give for a policy member they cannot see, or None.
 
-        Accounts of other projects and Google-managed agents are not known here and pass.
+        Accounts of other projects and Google-managed agents are not known here and pass. Not modelled: a Google
+        service agent (service-N@serverless-robot-prod..., ...) exists only once its API has been used, and naming
+        one before would be refused the same way; the product grants no role to a service agent.
         """
         email = email.removeprefix("serviceAccount:")
         own = email.endswith(f"@{self.config.project}.iam.gserviceaccount.com") or email == self.compute_default_email

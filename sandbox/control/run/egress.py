@@ -9,8 +9,11 @@ way (Private Google Access on the subnet, or the public endpoint).
 The sandbox's "internet" is the Hub stand-in. A container is told where the Hub is through ``HF_ENDPOINT``, the
 way the platform's plumbing tells it where storage is (``STORAGE_EMULATOR_HOST``): the Hub stand-in when the
 revision's egress reaches the internet, else a black hole that accepts connections and never answers, as
-packets dropped at a VPC without a NAT look to a client (a timeout, never an answer). The override is
-unconditional: a container never reaches a real endpoint, whatever its own env says.
+packets dropped at a VPC without a NAT look to a client (a timeout, never an answer). Not quite as on Cloud Run:
+there the SYN is dropped, so the client's connect times out; here the loopback black hole completes the TCP
+handshake and the client's read times out. Both are timeouts with no answer, which is what huggingface_hub and the
+product's staging see; a client that tells a connect timeout from a read timeout would see the difference. The
+override is unconditional: a container never reaches a real endpoint, whatever its own env says.
 """
 
 from __future__ import annotations

@@ -69,7 +69,9 @@ def launch_stage_error(feature: str, service_id: str) -> GoogleApiError:
     report it (google-github-actions/deploy-cloudrun issues 26 and 35, pulumi/pulumi-gcp issue 1040,
     google/exposure-notifications-verification-server issue 1781: "googleapi: Error 400: The feature ..."). The
     v2 API answers 400 with status FAILED_PRECONDITION (terraform-provider-google issue 14010: "Error 400:
-    Precondition check failed." for a v2 resource without launch_stage BETA)."""
+    Precondition check failed." for a v2 resource without launch_stage BETA). Unconfirmed: whether the v2 message
+    carries the feature text above or only "Precondition check failed." as in that issue; the sandbox gives the
+    feature text, and the product keys on no part of it (it renders launch_stage from the profile instead)."""
     return GoogleApiError(
         400,
         f"The feature '{feature}' is not supported in the declared launch stage on resource {service_id}. The "

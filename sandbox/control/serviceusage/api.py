@@ -135,6 +135,8 @@ class ServiceUsage:
         return metrics
 
     def _metric_json(self, service: str, metric: str, display_name: str, limit: int) -> dict:
+        # Always a default and a region bucket. Real answers may carry a limit whose quotaBuckets is null or empty
+        # (unconfirmed, reported in review): tasks/quotas.effective_limit reads that as no limit for the region.
         name = f"projects/{self.number}/services/{service}/consumerQuotaMetrics/{quote(metric, safe='')}"
         buckets = [
             {"effectiveLimit": str(limit), "defaultLimit": str(limit)},
