@@ -60,6 +60,12 @@ def doctor_check_gpu_region(target: GcpTarget, profile: ServingProfile) -> list[
     return [checks.check_gpu_region(target, profile)]
 
 
+@task(name="doctor_check_subnet")
+def doctor_check_subnet(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """The subnet's Private Google Access (Cloud Storage through an all-traffic VPC)."""
+    return [checks.check_subnet(target)]
+
+
 @task(name="doctor_check_quotas")
 def doctor_check_quotas(target: GcpTarget, profile: ServingProfile) -> list[Check]:
     """The region's Cloud Run quotas (vCPU, memory, the GPU type's) cover max_instances instances."""
@@ -93,6 +99,7 @@ CHECK_TASKS = [
     doctor_check_metric_writer,
     doctor_check_gpu_region,
     doctor_check_quotas,
+    doctor_check_subnet,
     doctor_check_org_policies,
     doctor_check_build_identity,
     doctor_check_bucket,

@@ -282,6 +282,30 @@ def check_gpu_region(target: GcpTarget, profile: ServingProfile) -> Check:
                  f"{target.region} offers)")  # fmt: skip
 
 
+def check_subnet(target: GcpTarget) -> Check:
+    """The subnet's Private Google Access: with the all-traffic egress promote-model renders, Cloud Storage (the
+    weights volume) is reached through the VPC and needs it (Cloud Run's networking best practices)."""
+    name = "subnet"
+    try:
+        subnet = clients.compute_subnetworks(target).get(
+            project=target.project, region=target.region, subnetwork=target.subnet
+        )
+    except gexc.NotFound:
+        return Check(name=name, status="ok", detail=f"{target.subnet} does not exist yet: promote-model creates it "
+                     "with Private Google Access on.")  # fmt: skip
+    except gexc.GoogleAPICallError as exc:
+        return Check(name=name, status="warn", detail=f"could not read subnet {target.subnet}: {exc.message}")
+    if subnet.private_ip_google_access:
+        return Check(name=name, status="ok", detail=f"{target.subnet} has Private Google Access on.")
+    return Check(
+        name=name, status="warn",
+        detail=f"Private Google Access is off on {target.subnet}: a revision with all-traffic egress cannot reach "
+        "Cloud Storage, so its weights volume never loads; promote-model turns it on (ensure infrastructure)",
+        fix=f"gcloud compute networks subnets update {target.subnet} --region {target.region} "
+        f"--project {target.project} --enable-private-ip-google-access",
+    )  # fmt: skip
+
+
 def gpu_quota_limit(target: GcpTarget, profile: ServingProfile) -> int | None:
     """The region's GPU quota for the profile's GPU in whole GPUs, as doctor's quota check reads it (-1 = unlimited;
     None: no limit set for the region). Raises InfraError, naming the API to enable or the role to grant, when

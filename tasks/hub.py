@@ -411,7 +411,8 @@ def gated_error(repo_id: str, endpoint: str) -> HubAccessDenied:
     return HubAccessDenied(
         f"{repo_id} is gated: accept its licence at {endpoint}/{repo_id} with your Hugging Face account, then give "
         "the pipeline a token of that account (a Prefect Secret block named in ModelSource.token_secret_block, "
-        "or HF_TOKEN)"
+        "or HF_TOKEN). Accepted already? A fine-grained token also needs its permission 'Read access to contents "
+        "of all public gated repos you can access' checked (huggingface/huggingface_hub issue 2844)"
     )
 
 
@@ -516,6 +517,7 @@ class HubFileStream(io.RawIOBase):
         self._response: httpx.Response | None = None
         self._pieces: Iterator[bytes] | None = None
         self._cdn_url: str | None = None
+        self._cdn_refusals = 0  # the CDN's 401/403 on a URL the Hub had just signed (not an expiry)
 
     def readable(self) -> bool:
         return True
@@ -614,6 +616,8 @@ class HubFileStream(io.RawIOBase):
                 response.close()
                 self._cdn_url = None
                 raise IncompleteBody(f"{self.item.path}: CDN URL expired at byte {self.received}")
+        if response.status_code in (401, 403) and self._cdn_url is not None:
+            self._refused_by_cdn(response)
         if response.status_code in (200, 206):
             pieces: Iterator[bytes] = response.iter_raw()
             if response.status_code == 200 and self.received:
@@ -625,6 +629,27 @@ class HubFileStream(io.RawIOBase):
         if response.status_code in (408, 429) or response.status_code >= 500:
             raise TransientHubResponse(response.status_code, response.headers, str(response.url))
         raise _http_error(response, self.repo_id, self.item.path, self.access.endpoint)
+
+    def _refused_by_cdn(self, response: httpx.Response) -> None:
+        """The CDN refused a URL the Hub signed moments ago: the Hub granted access, so the token is not the cause.
+        huggingface/xet-core issue 897: us.gcp.cdn.hf.co answered GCP egress 403 "SignatureError: invalid key pair
+        id" for its own signed URLs. Once, the URL is asked of the Hub again (a fresh signature, maybe another CDN
+        host); twice, the error names the host that refused."""
+        body = response.read()[:300].decode(errors="replace")
+        response.close()
+        host = httpx.URL(self._cdn_url or "").host
+        self._cdn_url = None
+        self._cdn_refusals += 1
+        if self._cdn_refusals == 1:
+            raise IncompleteBody(f"{self.item.path}: the CDN host {host} refused its signed URL; resolving again")
+        code = next((c for c in ("SignatureError", "AccessDenied", "SignatureDoesNotMatch") if c in body), "")
+        status = f"HTTP {response.status_code} {code}".rstrip()
+        raise HubAccessDenied(
+            f"downloading {self.repo_id}/{self.item.path}: the Hub granted access and redirected to its CDN, but the "
+            f"CDN host {host} refused the URL the Hub had signed ({status}), twice. The token is not the cause: "
+            "this is the CDN's refusal, known for Google Cloud egress (huggingface/xet-core issue 897); run again "
+            "later, or stage from another network"
+        )
 
     def _follow_hub(self, headers: dict[str, str]) -> httpx.Response:
         """GET the resolve URL with the token; remember the CDN URL an LFS file redirects to."""

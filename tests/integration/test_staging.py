@@ -251,6 +251,39 @@ def test_a_dropped_connection_resumes_where_it_stopped(sb, target, repo):
     assert result.files_uploaded == len(objects(target, result.object_prefix)) - 1
 
 
+# What us.gcp.cdn.hf.co answered Google Cloud egress for its own signed URLs (huggingface/xet-core issue 897).
+CDN_SIGNATURE_ERROR = "<Error><Code>SignatureError</Code><Message>invalid key pair id</Message></Error>"
+
+
+def test_a_cdn_refusing_its_signed_url_once_is_asked_through_a_fresh_resolve(sb, target, repo):
+    sb.add_fault("cdn", method="GET", status=403, body=CDN_SIGNATURE_ERROR, times=1)
+    since = sb.last_request_seq()
+    result = stage_model(target, source(sb, repo), token(sb), StagingOptions(retry=FAST_RETRY, parallel_files=1))
+    assert result.files_uploaded >= 3
+    refused = [r for r in sb.requests("cdn", since=since) if r["status"] == 403]
+    assert len(refused) == 1
+    # The refused file was resolved at the Hub twice: a fresh signature, not a resume of the refused URL.
+    resolved = [r["path"] for r in sb.requests("hub", since=since) if "/resolve/" in r["path"]]
+    assert any(resolved.count(path) == 2 for path in resolved)
+
+
+def test_a_cdn_that_keeps_refusing_is_named_not_the_token(sb, target, repo):
+    sb.add_fault("cdn", method="GET", status=403, body=CDN_SIGNATURE_ERROR)
+    cdn_host = httpx.URL(sb.info["cdn_url"]).host
+    with pytest.raises(HubAccessDenied) as refused:
+        stage_model(target, source(sb, repo), token(sb), StagingOptions(retry=FAST_RETRY, parallel_files=1))
+    message = str(refused.value)
+    assert f"the CDN host {cdn_host} refused the URL the Hub had signed (HTTP 403 SignatureError), twice" in message
+    assert "The token is not the cause" in message and "xet-core issue 897" in message
+    assert "set a token" not in message
+
+
+def test_a_gated_refusal_names_the_fine_grained_tokens_permission(sb, target):
+    with pytest.raises(HubAccessDenied) as refused:
+        stage_model(target, source(sb, "sandbox/gated-chat"), SecretStr(SANDBOX_HF_TOKEN_NO_ACCESS))
+    assert "'Read access to contents of all public gated repos you can access'" in str(refused.value)
+
+
 def test_a_corrupted_body_leaves_no_object_and_no_manifest(sb, target, repo):
     sb.add_fault("cdn", action="corrupt")
     with pytest.raises(ChecksumMismatch, match="content does not match the Hub's sha256"):

@@ -633,6 +633,22 @@ class CloudRun:
         probes (validation.start_waves); the ingress container is the process, sidecars run in-process."""
         spec = await self.internet.wire(self._instance_spec(record, revision, faults), revision)
         self._check_gpu_in_use(revision.name, spec.accelerator)
+        if spec.storage_url is not None and spec.mounts:
+            # The Cloud Storage volume's bucket is out of reach (egress.py): the volume never mounts, the container
+            # never starts. Cloud Run's own words for it are not public: the not-ready message, with the reason in
+            # the revision's log.
+            log = self.state_dir / record.service_id / spec.revision
+            log.mkdir(parents=True, exist_ok=True)
+            reason = (
+                "[sandbox] the Cloud Storage volume cannot be mounted: storage.googleapis.com is out of reach "
+                "(all-traffic VPC egress, no Private Google Access on the subnet, no Cloud NAT)\n"
+            )
+            with (log / "container.log").open("a") as out:
+                out.write(reason)
+            raise RevisionStartError(
+                res.not_ready_message(spec.revision, spec.container_port, revision.log_uri, None, True),
+                run_v2.Condition.CommonReason.REVISION_FAILED,
+            )
         workdir = self.state_dir / record.service_id / spec.revision
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)

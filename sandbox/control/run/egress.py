@@ -3,8 +3,11 @@
 Cloud Run's networking best practices: with ``--vpc-egress=all-traffic`` every packet goes into the VPC, and
 "you must set up Cloud NAT to reach the public internet"; ``private-ranges-only`` (the default) sends only
 private ranges into the VPC and everything else out the normal way, to the internet
-(https://cloud.google.com/run/docs/configuring/networking-best-practices). Cloud Storage stays reachable either
-way (Private Google Access on the subnet, or the public endpoint).
+(https://cloud.google.com/run/docs/configuring/networking-best-practices). Google APIs, Cloud Storage among them,
+go the same way: with all-traffic egress they are reached through the VPC, which needs Private Google Access on
+the subnet (the same page: "If you use Direct VPC egress with all traffic routed through the VPC, enable Private
+Google Access on the subnet to reach Google APIs"; or Cloud NAT to their public addresses). A Cloud Storage volume
+on a revision without either cannot read its bucket: here its reads go to the black hole too.
 
 The sandbox's "internet" is the Hub stand-in. A container is told where the Hub is through ``HF_ENDPOINT``, the
 way the platform's plumbing tells it where storage is (``STORAGE_EMULATOR_HOST``): the Hub stand-in when the
@@ -57,6 +60,21 @@ def reaches_internet(ctx: ControlContext, revision: run_v2.Revision) -> bool:
     return has_cloud_nat(ctx, network, region)
 
 
+def reaches_google_apis(ctx: ControlContext, revision: run_v2.Revision) -> bool:
+    """Whether the revision's containers can reach Google APIs (Cloud Storage): not through a VPC that takes all
+    traffic, or through one whose subnet has Private Google Access, or Cloud NAT."""
+    vpc = revision.vpc_access
+    if not vpc.network_interfaces or vpc.egress != ALL_TRAFFIC:
+        return True  # no Direct VPC egress (a connector is not modelled), or only private ranges into the VPC
+    interface = vpc.network_interfaces[0]
+    region = revision.name.split("/locations/", 1)[-1].split("/", 1)[0]
+    compute = ctx.module("compute")
+    subnet = compute.subnetwork(region, _short(interface.subnetwork or interface.network)) if compute else None
+    if subnet is not None and subnet.get("privateIpGoogleAccess"):
+        return True
+    return has_cloud_nat(ctx, interface.network or interface.subnetwork, region)
+
+
 class Internet:
     """Hands each container the Hub's address its egress allows; owns the black hole for the rest."""
 
@@ -66,9 +84,11 @@ class Internet:
         self._held: set[asyncio.StreamWriter] = set()
 
     async def wire(self, spec: InstanceSpec, revision: run_v2.Revision) -> InstanceSpec:
-        """The instance spec with ``HF_ENDPOINT`` set to where the Hub is, seen from this revision."""
+        """The instance spec with ``HF_ENDPOINT`` set to where the Hub is, seen from this revision, and its
+        Cloud Storage endpoint a black hole when Google APIs are out of its reach."""
         endpoint = self.ctx.hub_url if reaches_internet(self.ctx, revision) else await self._black_hole_url()
-        return dataclasses.replace(spec, env={**spec.env, "HF_ENDPOINT": endpoint})
+        storage = None if reaches_google_apis(self.ctx, revision) else await self._black_hole_url()
+        return dataclasses.replace(spec, env={**spec.env, "HF_ENDPOINT": endpoint}, storage_url=storage)
 
     async def _black_hole_url(self) -> str:
         if self._black_hole is None:

@@ -100,6 +100,9 @@ class InstanceSpec:
     # The real vLLM engine's venv when the revision runs on it (``--engine vllm``); None for the stand-in.
     engine_venv: str | None = None
     note: str = ""  # a line the sandbox writes to the container's log before it starts (why it runs what it runs)
+    # Where the container reaches Cloud Storage, when not the storage backend itself (egress.py: a black hole for
+    # all-traffic egress through a subnet without Private Google Access).
+    storage_url: str | None = None
 
     @property
     def real_engine(self) -> bool:
@@ -172,8 +175,8 @@ class Instance:
                 "SANDBOX_CLOCK_FILE": str(self.clock_path),
                 # The platform's own plumbing, like the metadata server: how the container reaches storage. The
                 # Python client reads the first; runai-model-streamer's C++ client the other two (FACTS.md).
-                "STORAGE_EMULATOR_HOST": self.gcs_url,
-                "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.gcs_url,
+                "STORAGE_EMULATOR_HOST": self.spec.storage_url or self.gcs_url,
+                "CLOUD_STORAGE_EMULATOR_ENDPOINT": self.spec.storage_url or self.gcs_url,
                 "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "1",
             }
         )
