@@ -449,10 +449,11 @@ def check_candidate_quota(
     profile: ServingProfile, rollout: str, canary: list[int], serving: bool, quota: int | None, region: str,
     quota_id: str,
 ) -> list[Finding]:  # fmt: skip
-    """A zero-downtime re-promotion (or a canary) runs the candidate beside the serving revision, whose `previous`
-    tag then stays warm through the watch: one more GPU instance than ``max_instances`` must fit the region's GPU
-    quota (``quota`` in GPUs; -1 or None: no limit). Where it cannot, the choice is the user's: more quota, or the
-    `replace` rollout, which stops the serving revision first (tasks/rollout.py)."""
+    """The candidate runs beside the serving revision (zero-downtime, and every canary step), whose `previous` tag
+    then stays warm through the watch: it needs a GPU the serving revision does not hold (``quota`` in GPUs; -1 or
+    None: no limit). On a quota of 1 that is never there; above, only when the serving revision is not at its
+    maximum. Where it cannot be, the choice is the user's: more quota, or the `replace` rollout, which stops the
+    serving revision first (tasks/rollout.py)."""
     if profile.gpu_type is None:
         return []
     if rollout == "replace":
@@ -461,19 +462,37 @@ def check_candidate_quota(
                            f"no traffic to split, so canary {canary} cannot run; leave canary empty, or use the "
                            "zero-downtime rollout", 6)]  # fmt: skip
         return []
-    if not serving or quota is None or quota == -1:
-        return []  # a first deploy: max_instances alone, checked against the quota by itself
-    needed = profile.max_instances + 1
-    if needed <= quota:
+    if quota is None or quota == -1:
         return []
-    return [
-        _error(
-            "rollout",
-            f"re-promoting starts the candidate beside the serving revision (zero-downtime): {needed} "
-            f"{profile.gpu_type} GPUs at once (max_instances {profile.max_instances} + 1), above the region's quota "
-            f"of {quota} ({quota_id}) in {region}. Either request {quota_id} of {needed} GPUs for {region}, or set "
-            "rollout to replace: the serving revision is stopped first and the service answers 503 until the "
-            "candidate is verified and takes all traffic (its start-up: the model's load, minutes on a GPU)",
+    needed = profile.max_instances + 1
+    if canary and needed > quota:
+        return [_error(
+            "canary",
+            f"{canary} runs the candidate beside the serving revision: {needed} {profile.gpu_type} GPUs at once "
+            f"(max_instances {profile.max_instances} + 1), above the region's quota of {quota} ({quota_id}) in "
+            f"{region}; leave canary empty (with rollout replace on one GPU), lower max_instances, or request more "
+            "quota",
             6,
-        )
-    ]
+        )]  # fmt: skip
+    if not serving:
+        return []  # a first deploy: max_instances alone, checked against the quota by itself
+    if quota < 2:
+        return [_error(
+            "rollout",
+            f"re-promoting starts the candidate beside the serving revision (zero-downtime): 2 {profile.gpu_type} "
+            f"GPUs at once at the least, above the region's quota of {quota} ({quota_id}) in {region}. Either "
+            f"request {quota_id} of {needed} GPUs for {region}, or set rollout to replace: the serving revision is "
+            "stopped first and the service answers 503 until the candidate is verified and takes all traffic (its "
+            "start-up: the model's load, minutes on a GPU)",
+            6,
+        )]  # fmt: skip
+    if needed > quota:
+        return [_warning(
+            "rollout",
+            f"the candidate starts beside the serving revision: if that one is at its max_instances "
+            f"({profile.max_instances}) it holds all {quota} {profile.gpu_type} GPUs of {quota_id} in {region}, and "
+            f"the candidate cannot start (Cloud Run: \"Quota exceeded for total allowable count of GPUs per project "
+            f"per region.\"); request {needed}, or promote at a quiet hour",
+            6,
+        )]  # fmt: skip
+    return []

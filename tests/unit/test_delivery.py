@@ -98,7 +98,8 @@ def test_a_re_promotion_the_gpu_quota_cannot_hold_beside_the_serving_revision_of
     rtx = ServingProfile.model_validate({**PRESETS["rtx-pro-6000"], "name": "rtx-pro-6000"})
     (finding,) = check_candidate_quota(rtx, "zero-downtime", [], True, quota=1, region="europe-west4",
                                        quota_id=RTX_QUOTA)  # fmt: skip
-    assert finding.setting == "rollout" and "2 nvidia-rtx-pro-6000 GPUs at once" in finding.message
+    assert finding.setting == "rollout" and finding.severity == "error"
+    assert "2 nvidia-rtx-pro-6000 GPUs at once at the least" in finding.message
     assert f"request {RTX_QUOTA} of 2 GPUs for europe-west4" in finding.message
     assert "set rollout to replace" in finding.message and "answers 503" in finding.message
     # A canary needs the same GPU; replace cannot split traffic at all.
@@ -113,6 +114,10 @@ def test_quota_for_both_a_first_deploy_and_replace_need_no_second_gpu() -> None:
     assert check_candidate_quota(rtx, "zero-downtime", [], False, 1, "us-central1", RTX_QUOTA) == []  # first deploy
     assert check_candidate_quota(rtx, "replace", [], True, 1, "us-central1", RTX_QUOTA) == []
     assert check_candidate_quota(l4, "zero-downtime", [10, 50], True, 3, "us-central1", RTX_QUOTA) == []
+    # Three L4s, three instances at most: the candidate fits unless the serving revision is at its maximum.
+    busy = l4.model_copy(update={"max_instances": 3})
+    (warning,) = check_candidate_quota(busy, "zero-downtime", [], True, 3, "us-central1", RTX_QUOTA)
+    assert warning.severity == "warning" and "request 4" in warning.message
     assert check_candidate_quota(rtx, "zero-downtime", [10], True, -1, "us-central1", RTX_QUOTA) == []  # unlimited
 
 
