@@ -28,6 +28,7 @@ from tasks.render import (
     PROBE_INITIAL_DELAY_S,
     PROBE_PERIOD_S,
     probe_failure_threshold,
+    streamer_memory_gib,
 )
 
 CANDIDATE_TAG = "candidate"
@@ -87,6 +88,7 @@ def _arg_value(args: list[str], flag: str) -> str | None:
 def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -> list[Finding]:
     """Checks on settings alone."""
     findings = [_error("image", text.removeprefix("image: "), 1) for text in prebuilt_findings(profile)]
+    findings += check_streamer_memory(profile)
     if profile.gpu_type:
         gpu = GPUS[profile.gpu_type]
         if target.region not in gpu.regions:
@@ -436,6 +438,29 @@ def check_model(profile: ServingProfile, facts: ModelFacts) -> list[Finding]:
             )
         )
     return findings
+
+
+# What the instance needs beside the streamer's buffer: the vLLM process, the tokenizer, a CUDA context, the
+# sidecar's share. Our estimate, not a measured or published figure.
+HOST_RESERVE_GIB = 4
+
+
+def check_streamer_memory(profile: ServingProfile) -> list[Finding]:
+    """runai-streamer's buffer lives in the instance's memory with everything else; one beyond it kills the
+    instance while it loads (run-ai/runai-model-streamer issue 76: each worker's buffer, silently, 10 % in)."""
+    if profile.load_mode != "runai-streamer":
+        return []
+    buffer = streamer_memory_gib(profile)
+    room = profile.memory_gib - HOST_RESERVE_GIB
+    if buffer <= room:
+        return []
+    return [_error(
+        "streamer_memory_gib",
+        f"the Run:ai streamer's buffer of {buffer:g} GiB (RUNAI_STREAMER_MEMORY_LIMIT) and the {HOST_RESERVE_GIB} "
+        f"GiB the instance needs beside it exceed memory_gib {profile.memory_gib}; set streamer_memory_gib to "
+        f"{room:g} or less (empty: a quarter of memory_gib), or raise memory_gib",
+        15,
+    )]  # fmt: skip
 
 
 def raise_on_errors(findings: list[Finding]) -> list[Finding]:

@@ -103,6 +103,7 @@ def vllm_flags(profile: ServingProfile, served_name: str) -> list[str]:
         flags += _flag("gpu-memory-utilization", opts.gpu_memory_utilization)
     if profile.load_mode == "runai-streamer":
         flags += _flag("load-format", "runai_streamer")
+    flags += _flag("safetensors-load-strategy", safetensors_strategy(profile))
     if opts.enforce_eager:
         flags.append("--enforce-eager")
     flags.append("--enable-prefix-caching" if opts.enable_prefix_caching else "--no-enable-prefix-caching")
@@ -110,6 +111,29 @@ def vllm_flags(profile: ServingProfile, served_name: str) -> list[str]:
     if opts.enable_auto_tool_choice:
         flags.append("--enable-auto-tool-choice")
     return [*flags, *opts.extra_args]
+
+
+def safetensors_strategy(profile: ServingProfile) -> str | None:
+    """Eager on a Cloud Storage volume: vLLM memory-maps safetensors, which gcsfuse turns into small random reads,
+    many times slower than reading each file through (safetensors issue 562; vLLM PR 24469 added the strategy for
+    network file systems, and vLLM detects only NFS and Lustre itself)."""
+    chosen = profile.vllm.safetensors_load_strategy
+    return chosen or ("eager" if profile.load_mode == "gcs-volume" else None)
+
+
+def streamer_env(profile: ServingProfile) -> dict[str, str]:
+    """The Run:ai model streamer's reader threads and buffer, within the instance's memory (its defaults, 8 threads
+    from object storage and a 40 GB buffer, would exceed most instances: run-ai/runai-model-streamer issue 76)."""
+    if profile.load_mode != "runai-streamer":
+        return {}
+    return {
+        "RUNAI_STREAMER_CONCURRENCY": str(profile.streamer_concurrency),
+        "RUNAI_STREAMER_MEMORY_LIMIT": str(int(streamer_memory_gib(profile) * 2**30)),
+    }
+
+
+def streamer_memory_gib(profile: ServingProfile) -> float:
+    return profile.streamer_memory_gib or profile.memory_gib / 4
 
 
 def container_args(profile: ServingProfile, image: str, model: str, served_name: str) -> list[str]:
@@ -216,7 +240,7 @@ def render_service(
     """The Cloud Run v2 Service for one model on one profile."""
     model = model_location(profile, target, weights)
     # Offline unless the profile asks for runtime Hub access: then HF_HUB_OFFLINE=1 would refuse every Hub call.
-    env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **profile.env}
+    env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **streamer_env(profile), **profile.env}
     if entrypoint_style(image, profile) == "env-wrapper":
         env.update({"MODEL_PATH": model, "SERVED_MODEL_NAME": source.served_model_name})
     sidecar = profile.metrics == "vllm"
@@ -260,8 +284,9 @@ def render_service(
                 gcs=run_v2.GCSVolumeSource(
                     bucket=target.bucket_name,
                     read_only=True,
-                    # only-dir hides everything but the staged models; buffered reads speed up big sequential reads.
-                    mount_options=[f"only-dir={target.model_prefix}", "enable-buffered-read=true"],
+                    # only-dir hides everything but the staged models; buffered reads only when the profile asks.
+                    mount_options=[f"only-dir={target.model_prefix}"]
+                    + (["enable-buffered-read=true"] if profile.gcs_buffered_read else []),
                 ),
             )
         ]

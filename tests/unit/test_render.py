@@ -198,8 +198,9 @@ RENDER_CASES = {
         TARGET,
         {"managed-by": "hf-cloudrun-pipeline", **GEMMA_LABELS},
         600,
-        ["only-dir=model-cache", "enable-buffered-read=true"],
+        ["only-dir=model-cache"],
         {
+            "--safetensors-load-strategy": "eager",
             "--dtype": "bfloat16", "--max-model-len": "8192", "--max-num-seqs": "64",
             "--gpu-memory-utilization": "0.9", "--quantization": None, "--kv-cache-dtype": None,
             "--tool-call-parser": None, "--reasoning-parser": None, "--enable-auto-tool-choice": None,
@@ -207,7 +208,7 @@ RENDER_CASES = {
         ["--enforce-eager", "--enable-prefix-caching", "--enable-chunked-prefill"],
     ),
     "custom-vllm": (
-        ServingProfile.preset("l4", request_timeout_seconds=1800, vllm=CUSTOM_VLLM),
+        ServingProfile.preset("l4", request_timeout_seconds=1800, vllm=CUSTOM_VLLM, gcs_buffered_read=True),
         TEAM_TARGET,
         {"team": "ml", "env": "prod", **GEMMA_LABELS},
         1800,
@@ -248,3 +249,21 @@ def test_the_kv_cache_dtype_auto_is_vllms_default_and_not_rendered():
     assert option(args, "--kv-cache-dtype") is None
     args = list(render(ServingProfile.preset("l4", vllm={"kv_cache_dtype": "fp8"})).template.containers[0].args)
     assert option(args, "--kv-cache-dtype") == "fp8"
+
+
+def test_the_streamer_gets_its_threads_and_a_buffer_within_the_instance_and_no_eager_strategy():
+    profile = ServingProfile.preset("l4", load_mode="runai-streamer")
+    service = render_service(profile, TARGET, SOURCE, WEIGHTS, profile.image or "", revision="svc-rev")
+    env = {e.name: e.value for e in service.template.containers[0].env}
+    assert env["RUNAI_STREAMER_CONCURRENCY"] == "8"
+    assert env["RUNAI_STREAMER_MEMORY_LIMIT"] == str(8 * 2**30)  # a quarter of the L4 preset's 32 GiB
+    assert "--safetensors-load-strategy" not in service.template.containers[0].args
+
+
+def test_a_streamer_buffer_the_instance_cannot_hold_is_refused():
+    from tasks.preflight import check_streamer_memory
+
+    too_big = ServingProfile.preset("l4", load_mode="runai-streamer", streamer_memory_gib=30)
+    (finding,) = check_streamer_memory(too_big)
+    assert finding.setting == "streamer_memory_gib" and "set streamer_memory_gib to 28 or less" in finding.message
+    assert check_streamer_memory(ServingProfile.preset("l4", load_mode="runai-streamer")) == []
