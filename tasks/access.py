@@ -15,7 +15,7 @@ from tasks import clients
 from tasks.gcp import POLICY_CONFLICT_RETRY, EnsureResult, InfraError, gcp_errors
 from tasks.infra import PUBLIC_MEMBERS, secret_path
 from tasks.metrics_sidecar import METRIC_WRITER_ROLE
-from tasks.propagation import when_visible
+from tasks.propagation import note_grant, when_visible
 
 OBJECT_VIEWER = "roles/storage.objectViewer"
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
@@ -99,6 +99,8 @@ def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None) -> En
     member = _member(target)
     with gcp_errors("secretmanager", "roles/secretmanager.admin", f"IAM policy of {name}", target):
         changes = grant_to_new_account(manager, name, SECRET_ACCESSOR, target.service_account_email, "Secret Manager")
+    if changes:
+        note_grant(target.service_account_email)  # the deploy right after waits for it to take effect
     return _result("iam", f"{name} {SECRET_ACCESSOR} {member}", changes)
 
 

@@ -8,6 +8,7 @@ is kept, named, for rollback. On any failure traffic stays where it was and the 
 from __future__ import annotations
 
 import re
+import time
 
 from google.api_core import exceptions as gexc
 from google.cloud import run_v2
@@ -17,7 +18,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
-from tasks import clients, verdicts
+from tasks import clients, propagation, verdicts
 from tasks.delivery import PREVIOUS_TAG, canary_split, rescaled
 from tasks.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.logs import run_logger
@@ -520,7 +521,27 @@ def verify_candidate(
     return verify(candidate.url, clients.identity_token(target, candidate.service_url), served_name, options)
 
 
-run_deploy_candidate = task(name="run_deploy_candidate")(deploy_candidate)
+def deploy_when_granted(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
+    """``deploy_candidate``, made again (a new revision: the failed one keeps its name) while its revision fails only
+    because this run's grant to its account has not taken effect yet (tasks/propagation.py); logged, bounded."""
+    email = spec.template.service_account
+    deadline = time.monotonic() + propagation.DEADLINE_S
+    pause = propagation.INITIAL_S
+    while True:
+        try:
+            return deploy_candidate(target, service_id, spec)
+        except DeployFailed as exc:
+            if not propagation.revision_failed_on_new_grant(str(exc), email) or time.monotonic() > deadline:
+                raise
+            run_logger().info(
+                "the revision's account %s cannot read its secret yet: this run granted it moments ago (IAM "
+                "propagation, typically 2 minutes, up to 7 or more); deploying again in %.0f s", email, pause,
+            )  # fmt: skip
+            time.sleep(pause)
+            pause = min(pause * propagation.MULTIPLIER, propagation.MAXIMUM_S)
+
+
+run_deploy_candidate = task(name="run_deploy_candidate")(deploy_when_granted)
 run_verify_candidate = task(name="run_verify_candidate")(verify_candidate)
 run_promote_candidate = task(name="run_promote_candidate")(promote_candidate)
 run_abandon_candidate = task(name="run_abandon_candidate")(abandon_candidate)

@@ -17,7 +17,11 @@ Until then:
   object. Permission 'storage.objects.get' denied on resource (or it may not exist)., forbidden"
   (DefangLabs/pulumi-defang issue 115 and doughayden/answer-app's README: a propagation race; a rerun passes);
   its logs bucket is checked at create too: 400 'invalid bucket "B"; builder service account does not have access
-  to the bucket' (google/trillian PR 2349), which names no account: only the build's own account applies.
+  to the bucket' (google/trillian PR 2349), which names no account: only the build's own account applies;
+- a revision whose account was just granted its secret fails to start: "Permission denied on secret: S for Revision
+  service account X. The service account used must be granted the 'Secret Manager Secret Accessor' role ..."
+  (GoogleCloudPlatform/terraform-docs-samples PR 168's words; a propagation delay behind them in a write-up of the
+  same error): the deploy is made again (a new revision) until the grant has taken effect.
 
 Terraform sleeps a fixed 10 s after creating an account (magic-modules PR 10813) and still sees these errors;
 here the step retries exactly those answers, with exponential backoff, a deadline above the documented worst case,
@@ -26,6 +30,7 @@ and a log line for each wait.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +53,7 @@ MAXIMUM_S = 15.0
 DEADLINE_S = 600.0
 
 
+OTHER_NEW_ACCOUNT = re.compile(r"Service account [\w.+-]+@[\w.-]+\.gserviceaccount\.com does not exist")
 # Grants this process made, by account email: a 400 that a missing grant would also explain is waited on only
 # while a grant of this run may still be propagating (the same refusal for a grant nobody made fails at once).
 _granted: dict[str, float] = {}
@@ -74,6 +80,10 @@ def is_not_visible_yet(exc: BaseException, email: str) -> bool:
         return True
     if isinstance(exc, gexc.BadRequest) and "builder service account does not have access to the bucket" in message:
         return _granted_recently(email)  # Cloud Build's logs bucket check, before this run's grant is effective
+    if isinstance(exc, gexc.BadRequest) and OTHER_NEW_ACCOUNT.search(message):
+        # Another new account the policy names is not visible yet either (two first promotions sharing a bucket,
+        # each creating its account): the same wait. A deleted account is written "deleted:serviceAccount:...".
+        return True
     if email not in message:
         return False
     if isinstance(exc, gexc.BadRequest):  # setIamPolicy on buckets, secrets, repositories, services, projects
@@ -83,6 +93,15 @@ def is_not_visible_yet(exc: BaseException, email: str) -> bool:
     if isinstance(exc, gexc.Forbidden):  # deploys and builds: their actAs check cannot see the account either
         return "iam.serviceaccounts.actAs" in message and "may not exist" in message  # Cloud Run's words
     return False
+
+
+def revision_failed_on_new_grant(message: str, email: str) -> bool:
+    """Whether a revision of ``email`` failed only because this run's grant to it has not propagated yet."""
+    return (
+        "Permission denied on secret" in message
+        and f"for Revision service account {email}" in message
+        and _granted_recently(email)
+    )
 
 
 def propagation_retry(email: str, seen_by: str, deadline_s: float = DEADLINE_S) -> Retry:

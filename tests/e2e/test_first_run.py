@@ -63,6 +63,26 @@ def test_a_first_promotion_waits_through_googles_worst_case_for_a_new_account_an
     assert len(waits) >= 3 and not any("is not visible to Cloud Run" in line for line in waits), waits
 
 
+def test_a_revision_whose_secret_grant_has_not_propagated_is_deployed_again_once_it_has(
+    sb, flow_env, grant_propagation
+):
+    """The serving account gets its secret (the Hub token, hf_token_at_runtime) in the ensure step; a grant takes
+    minutes to count, so the first revision cannot read it and fails ("Permission denied on secret ... for Revision
+    service account"). The deploy is made again, logged, until the grant counts; the promotion succeeds."""
+    n = next(_ids)
+    target = flow_env.model_copy(update={"service_account_name": f"secret-wait-sa-{n}",
+                                         "hf_token_secret": f"secret-wait-token-{n}"})  # fmt: skip
+    target.save(f"e2e-secret-wait-{n}", overwrite=True)
+    ServingProfile.preset("l4", hf_token_at_runtime=True).save("e2e-secret-wait", overwrite=True)
+    grant_propagation(500)  # 5 s at the default clock: longer than staging and the image take here
+    with run_logs() as log:
+        report = promote(f"e2e-secret-wait-{n}", target=f"e2e-secret-wait-{n}", profile="e2e-secret-wait")
+    assert report.outcome == "promoted", report.reason
+    assert any("cannot read its secret yet" in line for line in log.lines), log.text()[-3000:]
+    waits = [line for line in log.lines if "cannot read its secret yet" in line]
+    assert len(waits) >= 2, waits  # several tries, each logged: 5 s of propagation, retries from 1 s up
+
+
 def test_runtime_hub_access_reaches_the_hub_from_the_deployed_container(sb, flow_env):
     """hf_token_at_runtime with a gated Hub tokenizer: the container fetches it at start with HF_TOKEN."""
     tokenizer = "sandbox/gated-chat"

@@ -54,7 +54,9 @@ EMAIL = "hf-cloudrun-build@acme-ml-prod.iam.gserviceaccount.com"
             ),
             True,
         ),
-        (gexc.BadRequest("Service account other@acme-ml-prod.iam.gserviceaccount.com does not exist."), False),
+        # Another account in the policy, new too (two first promotions on one bucket): the same wait.
+        (gexc.BadRequest("Service account other@acme-ml-prod.iam.gserviceaccount.com does not exist."), True),
+        (gexc.BadRequest("Invalid argument: member user:nobody is not valid."), False),
         (gexc.Forbidden(f"Permission 'run.services.create' denied on resource '{EMAIL}'"), False),
         (gexc.NotFound(f"Service account {EMAIL} does not exist."), False),
     ],

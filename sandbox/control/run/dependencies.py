@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from google.cloud import run_v2
 
+from sandbox.authz import has_permission
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument
 from sandbox.control.run.images import GMP_COLLECTOR, GMP_SIDECAR_REPO, PUBLIC_REPOS, ImageBehaviour, image_behaviour
@@ -114,7 +115,9 @@ def container_env(ctx: ControlContext, container: run_v2.Container, service_acco
             raise RevisionStartError(
                 f"Secret {path} was not found", run_v2.Condition.CommonReason.SECRETS_ACCESS_CHECK_FAILED
             )
-        if not manager.can_access(secret, f"serviceAccount:{service_account}"):
+        # The revision's account reads the secret as any principal would: through the project's and the secret's
+        # policies, a grant counting once it has propagated (sandbox.authz.propagation).
+        if not has_permission(ctx, f"serviceAccount:{service_account}", "secretmanager.versions.access", secret):
             raise RevisionStartError(
                 f"Permission denied on secret: {path} for Revision service account {service_account}. The service "
                 "account used must be granted the 'Secret Manager Secret Accessor' role "
