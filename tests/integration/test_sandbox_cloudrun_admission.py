@@ -201,3 +201,23 @@ def test_unknown_service_is_not_found_and_other_projects_are_forbidden(services,
 def test_args_are_kept_verbatim(services, sandbox_target):
     args = vllm_args("--dtype=bfloat16")
     assert list(create(services, sandbox_target, gpu_service("w", args=args)).template.containers[0].args) == args
+
+
+@pytest.mark.parametrize(
+    ("option", "refused"),
+    [
+        ("enable-buffered-read=true", False),
+        ("implicit-dirs", False),
+        ("metadata-cache-ttl-secs=-1", False),
+        ("enable-bufferd-read=true", True),  # misspelt: gcsfuse has no such flag
+        ("--no-such-flag", True),
+    ],
+)
+def test_mount_options_must_be_gcsfuse_flags(services, sandbox_target, option, refused):
+    service = gpu_service("w")
+    service.template.volumes[0].gcs.mount_options.append(option)
+    if refused:
+        message = rejected(services, sandbox_target, service)
+        assert f"mountOptions: '{option}' is not a Cloud Storage FUSE flag" in message
+    else:
+        assert create(services, sandbox_target, service).template.volumes[0].gcs.mount_options[-1] == option

@@ -26,9 +26,11 @@ listens for requests, and optionally one or more sidecar containers", container 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from google.api import launch_stage_pb2
 from google.cloud import run_v2
@@ -180,6 +182,27 @@ def cpu_idle_effective(resources: run_v2.ResourceRequirements, has_resources: bo
     return bool(resources.cpu_idle) if has_resources else True
 
 
+@functools.cache
+def gcsfuse_flags() -> frozenset[str]:
+    """The flags of gcsfuse's own list (gcsfuse_flags.txt: cfg/params.yaml at v3.11.2, its header says where)."""
+    lines = (Path(__file__).with_name("gcsfuse_flags.txt")).read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def _check_mount_options(volume: run_v2.Volume) -> None:
+    """Each mount option is a gcsfuse flag (``name`` or ``name=value``): Cloud Run passes them to gcsfuse ("A list of
+    additional flags to pass to the gcsfuse CLI", the v2 API reference). Which flags Cloud Run itself refuses or
+    which gcsfuse version it runs is not documented (the stored page was cut before any list): the check is
+    gcsfuse's own flag list, and the wording of the refusal is the sandbox's."""
+    for option in volume.gcs.mount_options:
+        name = option.split("=", 1)[0].strip().lstrip("-")
+        if name not in gcsfuse_flags():
+            raise invalid_argument(
+                f"spec.template.spec.volumes[{volume.name}].csi.volumeAttributes.mountOptions: '{option}' is not a "
+                "Cloud Storage FUSE flag"
+            )
+
+
 def check_service(service: run_v2.Service, service_id: str, region: str, config: SandboxConfig) -> None:
     """Raise a 400 GoogleApiError naming the first problem, as the Cloud Run API would."""
     template = service.template
@@ -192,6 +215,8 @@ def check_service(service: run_v2.Service, service_id: str, region: str, config:
     for volume in template.volumes:
         if has_field(volume, "gcs") and not volume.gcs.bucket:
             raise invalid_argument(f"spec.template.spec.volumes[{volume.name}].csi.bucket: required")
+        if has_field(volume, "gcs"):
+            _check_mount_options(volume)
     for index, container in enumerate(containers):
         _check_container(index, container, volume_names)
     accelerator = gpu_type_of(template)
