@@ -192,7 +192,13 @@ class ServingProfile(Block):
         "memory_gib (the streamer's own default, 40 GB, exceeds most instances).",
     )  # fmt: skip
     load_rate_mb_s: float = Field(
-        150, gt=0, description="Expected weight load throughput; sizes the startup probe window."
+        150,
+        gt=0,
+        description="Expected weight load throughput; sizes the startup probe window (twice the expected load). "
+        "Google publishes no per-instance figure for Cloud Run's Cloud Storage volumes; gcsfuse's benchmarks reach "
+        "GB/s only with many parallel readers, and a field report streamed 593 MiB/s from gs:// with the Run:ai "
+        "streamer (sglang issue 22749): 150 MB/s is our single-stream assumption. Measure vLLM's 'Loading weights "
+        "took' line on a first revision and set it.",
     )
     image: str | None = Field(
         MODEL_GARDEN_VLLM_IMAGE,
