@@ -18,6 +18,7 @@ from blocks.target import GcpTarget
 from flows.service_lock import ServiceLock, held
 from flows.service_lock import service_lock_name as lock_name
 from tasks.delivery import WatchOptions, check_canary
+from tasks.rollout import Rollout
 from tasks.schedules import WarmHours
 
 M = TypeVar("M", bound=BaseModel)
@@ -46,7 +47,7 @@ class ModelSpec(BaseModel):
     load_mode: str | None = None
     schedule: WarmHours | None = None
     canary: list[int] | None = None
-    rollout: Literal["zero-downtime", "replace"] | None = None
+    rollout: Rollout | None = None
     watch: WatchOptions | None = None
     metrics: Literal["none", "vllm"] | None = None  # the profile's metrics sidecar choice, for this model
 

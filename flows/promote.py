@@ -7,7 +7,9 @@ URL; on any failure it stays where it was, and the report says so.
 
 from __future__ import annotations
 
+import math
 import time
+from typing import NamedTuple, get_args
 
 import httpx
 from google.api_core import exceptions as gexc
@@ -41,8 +43,7 @@ from tasks.delivery import (
     check_canary,
     monitoring_read_revision,
 )
-from tasks.doctor import gpu_quota_limit
-from tasks.gcp import InfraError, explain_forbidden
+from tasks.gcp import explain_forbidden
 from tasks.hub import read_json_file, resolve_model
 from tasks.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.logs import run_logger
@@ -56,7 +57,7 @@ from tasks.preflight import (
 )
 from tasks.probe import VerifyOptions
 from tasks.progress import artifact_key
-from tasks.quotas import check_region_quotas, gpu_quota
+from tasks.quotas import Need, check_region_quotas, gpu_quota
 from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
 from tasks.report import PromotionReport
 from tasks.rollout import Rollout, run_resume_serving, run_stop_serving
@@ -279,9 +280,9 @@ def _promote(
                 f"canary: {delivery.canary} needs each step watched, but the watch is off (watch.samples or the "
                 "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
             )
-        check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at the deploy
+        needs = check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at deploy
         if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
-            report.findings += raise_on_errors(_candidate_quota(target, profile, service_id, delivery))
+            report.findings += raise_on_errors(_candidate_quota(target, profile, service_id, delivery, needs))
     with report.step("resolve"):
         commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, options)
         report.commit = commit
@@ -319,7 +320,7 @@ def _promote(
             report.findings += [f for f in final if f not in report.findings]
         with report.step("deploy candidate"):
             lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
-            stopped = _stop_for_replace(report, target, service_id, spec, delivery)
+            stopped = _stop_for_replace(target, service_id, spec, delivery)
             candidate = run_deploy_candidate(target, service_id, spec)
             report.candidate_url = candidate.url if not candidate.unchanged else None
             report.service_url = candidate.service_url
@@ -343,8 +344,8 @@ def _promote(
                     fenced(lock, target, service_id, candidate.left_serving, "abandon the candidate")
                     run_abandon_candidate(target, service_id, candidate)
                     if stopped is not None:  # the old revision serves again, from a cold start on the freed GPU
-                        run_resume_serving(target, service_id, stopped, profile.max_instances)
-                        report.downtime = f"{_since(report):.0f} s, and the old revision's cold start (replace rollout)"
+                        run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
+                        report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
                     raise
             if stopped is not None:
                 _replace(report, target, service_id, candidate, delivery, samples, lock, stopped, profile)
@@ -356,7 +357,7 @@ def _promote(
 
 
 def check_rollout(rollout: str) -> Rollout:
-    if rollout not in ("zero-downtime", "replace"):
+    if rollout not in get_args(Rollout):
         raise ValueError(
             f"rollout: '{rollout}' is not a rollout; use zero-downtime (the candidate starts beside the serving "
             "revision) or replace (the serving revision stops first: no second GPU, but downtime)"
@@ -371,31 +372,34 @@ def _serves(target: GcpTarget, service_id: str) -> bool:
         return False
 
 
-def _candidate_quota(target: GcpTarget, profile: ServingProfile, service_id: str, delivery: Delivery) -> list:
-    """Whether the region's GPU quota holds the candidate beside the serving revision (zero-downtime, canary), read
-    as doctor reads it; unreadable (no serviceusage.quotas.get), the deploy finds out."""
+def _candidate_quota(
+    target: GcpTarget, profile: ServingProfile, service_id: str, delivery: Delivery, needs: list[Need]
+) -> list:
+    """Whether the region's GPU quota (in ``needs``, as the quota check read it; absent when unreadable: the deploy
+    finds out) holds the candidate beside the serving revision (zero-downtime, canary)."""
     assert profile.gpu_type is not None
-    serving = _serves(target, service_id)
-    if delivery.rollout == "zero-downtime" and not serving and not delivery.canary:
-        return []
-    try:
-        quota = gpu_quota_limit(target, profile)
-    except (gexc.GoogleAPICallError, InfraError) as exc:
-        run_logger().warning("the region's GPU quota could not be read, so the deploy checks it: %s", exc)
-        quota = None
+    gpu = next((n for n in needs if n.quota.unit == "GPU"), None)
+    limit = gpu.limit if gpu is not None else None
+    quota = None if limit is None else -1 if limit == math.inf else math.floor(limit)
     quota_id = gpu_quota(profile.gpu_type, profile.gpu_zonal_redundancy).quota_id
+    serving = _serves(target, service_id)
     return check_candidate_quota(profile, delivery.rollout, delivery.canary, serving, quota, target.region, quota_id)
 
 
-def _since(report: PromotionReport) -> float:
-    return time.monotonic() - (report.stopped_at or time.monotonic())
+class Stopped(NamedTuple):
+    """A service a replace rollout stopped: the scaling to resume with, and when it stopped serving."""
+
+    scaling: run_v2.ServiceScaling
+    at: float  # time.monotonic()
+
+    @property
+    def since(self) -> float:
+        return time.monotonic() - self.at
 
 
-def _stop_for_replace(
-    report: PromotionReport, target: GcpTarget, service_id: str, spec: run_v2.Service, delivery: Delivery
-) -> run_v2.ServiceScaling | None:
-    """With the replace rollout, the serving revision stops before the candidate is deployed (its GPU freed): the
-    scaling it had, to resume with; None when there is nothing to replace (a first deploy, the same revision)."""
+def _stop_for_replace(target: GcpTarget, service_id: str, spec: run_v2.Service, delivery: Delivery) -> Stopped | None:
+    """With the replace rollout, the serving revision stops before the candidate is deployed (its GPU freed); None
+    when there is nothing to replace (a first deploy, the same revision)."""
     if delivery.rollout != "replace":
         return None
     try:
@@ -404,8 +408,7 @@ def _stop_for_replace(
         return None
     if not serving or serving == [(spec.template.revision, 100)]:
         return None
-    stopped = run_stop_serving(target, service_id)
-    report.stopped_at = time.monotonic()
+    stopped = Stopped(run_stop_serving(target, service_id), time.monotonic())
     run_logger().warning(
         "replace rollout: %s serves nothing from now until %s takes its traffic (the GPU quota holds one of them)",
         service_id, spec.template.revision,
@@ -415,16 +418,16 @@ def _stop_for_replace(
 
 def _replace(
     report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int, lock: ServiceLock, stopped: run_v2.ServiceScaling, profile: ServingProfile,
+    samples: int, lock: ServiceLock, stopped: Stopped, profile: ServingProfile,
 ) -> None:  # fmt: skip
     """The verified candidate takes all traffic and the service scales automatically again, in one update; the
     watch follows at 100 %, with no previous revision kept warm (there is no GPU for it)."""
     with report.step("promote"):
         fenced(lock, target, service_id, candidate.left_serving, "promote")
-        run_resume_serving(target, service_id, stopped, profile.max_instances, candidate.revision)
+        run_resume_serving(target, service_id, stopped.scaling, profile.max_instances, candidate.revision)
         verdicts.record(target, candidate.service, candidate.revision, "verified")
         report.downtime = (
-            f"{_since(report):.0f} s (replace rollout: from stopping {candidate.previous_revision} to "
+            f"{stopped.since:.0f} s (replace rollout: from stopping {candidate.previous_revision} to "
             f"{candidate.revision} taking all traffic)"
         )
         report.outcome = "promoted"

@@ -45,13 +45,12 @@ class ServiceLockTimeout(TimeoutError):
 
 
 class ServiceLock:
-    """The lock on one service, held: ``fence()`` before each write; ``lapsed`` tells whether it was ever lost."""
+    """The lock on one service, held: ``fence()`` before each write says whether it lapsed since the last one."""
 
     def __init__(self, name: str, timeout_s: float) -> None:
         self.name = name
         self.timeout_s = timeout_s
         self.lease_id: UUID | None = None
-        self.lapses = 0  # times the lease lapsed and was taken again
         self._may_have_changed = False  # set on a lapse, cleared when fence() reports it
         self._last_renewed = 0.0
         self._mutex = threading.Lock()
@@ -156,7 +155,6 @@ class ServiceLock:
             )  # fmt: skip
             self._may_have_changed = True
             return False
-        self.lapses += 1
         self._may_have_changed = True
         log.warning("service lock %s: the lease lapsed (last renewed %.0f s ago) and was taken again; the service is "
                     "checked before the next change", self.name, lapsed_for)  # fmt: skip

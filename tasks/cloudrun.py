@@ -109,15 +109,18 @@ def _ready(revision: run_v2.Revision) -> bool:
     return any(c.type_ == "Ready" and c.state == Ready.CONDITION_SUCCEEDED for c in revision.conditions)
 
 
-def _set_traffic(target: GcpTarget, service_id: str, traffic: list[run_v2.TrafficTarget]) -> run_v2.Service:
-    """Change only the traffic split (no new revision)."""
-    services = clients.run_services(target)
-    operation = services.update_service(
-        service=run_v2.Service(name=service_path(target, service_id), traffic=traffic),
-        update_mask=field_mask_pb2.FieldMask(paths=["traffic"]),
-        retry=GCP_RETRY,
+def update_fields(target: GcpTarget, service: run_v2.Service, paths: list[str]) -> run_v2.Service:
+    """Change only ``paths`` of the service (``service.name`` names it), waited for; no new revision unless the
+    template is among them."""
+    operation = clients.run_services(target).update_service(
+        service=service, update_mask=field_mask_pb2.FieldMask(paths=paths), retry=GCP_RETRY
     )
     return wait_for(operation, clients.operation_polling(target))
+
+
+def _set_traffic(target: GcpTarget, service_id: str, traffic: list[run_v2.TrafficTarget]) -> run_v2.Service:
+    """Change only the traffic split (no new revision)."""
+    return update_fields(target, run_v2.Service(name=service_path(target, service_id), traffic=traffic), ["traffic"])
 
 
 def _pinned(traffic: list[tuple[str, int]]) -> list[run_v2.TrafficTarget]:
@@ -505,12 +508,7 @@ def scale_service(
         if current.scaling.min_instance_count == min_instances and current.scaling.max_instance_count == wanted_max:
             return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=False)
         scaling = run_v2.ServiceScaling(min_instance_count=min_instances, max_instance_count=wanted_max)
-        operation = services.update_service(
-            service=run_v2.Service(name=name, scaling=scaling),
-            update_mask=field_mask_pb2.FieldMask(paths=["scaling"]),
-            retry=GCP_RETRY,
-        )
-        wait_for(operation, clients.operation_polling(target))
+        update_fields(target, run_v2.Service(name=name, scaling=scaling), ["scaling"])
     return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=True)
 
 

@@ -8,7 +8,6 @@ result instead of raising, so one run shows everything that stands in the way.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -306,15 +305,6 @@ def check_subnet(target: GcpTarget) -> Check:
     )  # fmt: skip
 
 
-def gpu_quota_limit(target: GcpTarget, profile: ServingProfile) -> int | None:
-    """The region's GPU quota for the profile's GPU in whole GPUs, as doctor's quota check reads it (-1 = unlimited;
-    None: no limit set for the region). Raises InfraError, naming the API to enable or the role to grant, when
-    unreadable."""
-    assert profile.gpu_type is not None
-    limit = quotas.limit_of(target, quotas.gpu_quota(profile.gpu_type, profile.gpu_zonal_redundancy))
-    return None if limit is None else -1 if limit == math.inf else math.floor(limit)
-
-
 def _check_quota(target: GcpTarget, name: str, quota: quotas.Quota, per_instance: float, instances: int) -> Check:
     """One regional quota against ``instances`` instances of ``per_instance`` each (Service Usage v1beta1)."""
     response = quotas.read_metric(target, quota.metric)
@@ -328,8 +318,7 @@ def _check_quota(target: GcpTarget, name: str, quota: quotas.Quota, per_instance
         return Check(
             name=name, status="warn", detail=f"could not read {quota.metric}: {response.status_code} {message}"
         )
-    raw = quotas.effective_limit(response.json(), target.region)
-    limit = None if raw is None else math.inf if raw == -1 else raw / quota.raw_per_unit
+    limit = quotas.in_units(quotas.effective_limit(response.json(), target.region), quota)
     need = quotas.Need(quota, per_instance, instances, limit)
     if limit is None:
         return Check(name=name, status="warn", detail=f"{quota.metric} has no limit for {target.region}.",

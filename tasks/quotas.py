@@ -158,7 +158,11 @@ def limit_of(target: GcpTarget, quota: Quota) -> float | None:
         response = read_metric(target, quota.metric)
         if response.status_code != 200:
             raise gexc.from_http_response(response)
-    raw = effective_limit(response.json(), target.region)
+    return in_units(effective_limit(response.json(), target.region), quota)
+
+
+def in_units(raw: int | None, quota: Quota) -> float | None:
+    """A raw limit in the quota's unit: -1 (unlimited) is math.inf, None (no limit for the region) stays None."""
     if raw is None:
         return None
     return math.inf if raw == -1 else raw / quota.raw_per_unit
@@ -195,15 +199,16 @@ class QuotaExceeded(ValueError):
     """The region's Cloud Run quotas cannot hold the service: refused before anything is written."""
 
 
-def check_region_quotas(target: GcpTarget, profile: ServingProfile) -> None:
+def check_region_quotas(target: GcpTarget, profile: ServingProfile) -> list[Need]:
     """Refuse, before any write, a profile whose ``max_instances`` the region's vCPU, memory or GPU quota cannot
-    hold: Cloud Run would refuse it only at the deploy, after the weights are staged and the image built. Quotas
-    that cannot be read (no serviceusage.quotas.get, the API off) are logged and left to the deploy."""
+    hold: Cloud Run would refuse it only at the deploy, after the weights are staged and the image built. Returns
+    what was read, for the checks that follow; quotas that cannot be read (no serviceusage.quotas.get, the API off)
+    are logged and left to the deploy (none returned)."""
     try:
         needs = region_needs(target, profile, profile.max_instances)
     except (gexc.GoogleAPICallError, InfraError) as exc:
         run_logger().warning("the region's Cloud Run quotas could not be read, so the deploy checks them: %s", exc)
-        return
+        return []
     gpu = f" and a {profile.gpu_type} GPU" if profile.gpu_type else ""
     message = refusal(
         needs, target, "max_instances",
@@ -211,3 +216,4 @@ def check_region_quotas(target: GcpTarget, profile: ServingProfile) -> None:
     )  # fmt: skip
     if message:
         raise QuotaExceeded(message)
+    return needs

@@ -45,7 +45,6 @@ class PromotionReport(BaseModel):
     traffic: list[tuple[str, int]] = Field(default_factory=list, description="Where traffic stands at the end.")
     traffic_unknown: str | None = Field(None, description="Why where traffic stands could not be read (e.g. a 403).")
     downtime: str | None = Field(None, description="What a replace rollout cost: how long the service served nothing.")
-    stopped_at: float | None = Field(None, exclude=True, description="When a replace rollout stopped the service.")
     verification: Verification | None = None
     delivery: list[StepResult] = Field(
         default_factory=list, description="Each traffic step (canary, then 100 %) as Cloud Monitoring saw it."

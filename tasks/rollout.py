@@ -23,24 +23,16 @@ from __future__ import annotations
 from typing import Literal
 
 from google.cloud import run_v2
-from google.protobuf import field_mask_pb2
 from prefect import task
 
 from blocks.target import GcpTarget
 from tasks import clients
-from tasks.cloudrun import BY_REVISION, service_path
-from tasks.gcp import GCP_RETRY, gcp_errors, wait_for
+from tasks.cloudrun import BY_REVISION, service_path, update_fields
+from tasks.gcp import GCP_RETRY, gcp_errors
 
 Rollout = Literal["zero-downtime", "replace"]
 MANUAL = run_v2.ServiceScaling.ScalingMode.MANUAL
 AUTOMATIC = run_v2.ServiceScaling.ScalingMode.AUTOMATIC
-
-
-def _update(target: GcpTarget, service: run_v2.Service, paths: list[str]) -> run_v2.Service:
-    operation = clients.run_services(target).update_service(
-        service=service, update_mask=field_mask_pb2.FieldMask(paths=paths), retry=GCP_RETRY
-    )
-    return wait_for(operation, clients.operation_polling(target))
 
 
 def stop_serving(target: GcpTarget, service_id: str) -> run_v2.ServiceScaling:
@@ -51,7 +43,7 @@ def stop_serving(target: GcpTarget, service_id: str) -> run_v2.ServiceScaling:
         before = clients.run_services(target).get_service(name=name, retry=GCP_RETRY).scaling
         if before.scaling_mode != MANUAL:  # a rerun after a run killed here finds it stopped already
             stopped = run_v2.ServiceScaling(scaling_mode=MANUAL, manual_instance_count=0)
-            _update(target, run_v2.Service(name=name, scaling=stopped), ["scaling"])
+            update_fields(target, run_v2.Service(name=name, scaling=stopped), ["scaling"])
     if before.scaling_mode == MANUAL:  # what that killed run stopped: automatic scaling from 0 comes back
         return run_v2.ServiceScaling(scaling_mode=AUTOMATIC)
     return run_v2.ServiceScaling(before)
@@ -76,7 +68,7 @@ def resume_serving(
         service.traffic = [run_v2.TrafficTarget(type_=BY_REVISION, revision=revision, percent=100)]
         paths.append("traffic")
     with gcp_errors("run", "roles/run.developer", f"resuming {service_id} after a replace rollout", target):
-        _update(target, service, paths)
+        update_fields(target, service, paths)
 
 
 run_stop_serving = task(name="run_stop_serving")(stop_serving)

@@ -4,29 +4,17 @@ main before this check it made 22 cloud writes and staged the weights, then Clou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 
 from flows.promote import promote_model
 from tasks.quotas import QuotaExceeded
 from tests.e2e.test_flows import artifact
+from tests.support.sandbox_config import sandbox_settings
 
 pytestmark = pytest.mark.prefect
 # googlecodelabs/feedback#1856 and #2311: what a new project has in us-central1.
 GOOGLE_DEFAULTS = {"cpu_quota": 20, "memory_quota_gib": 40, "gpu_quota": {"nvidia-l4": 3, "nvidia-rtx-pro-6000": 1}}
 READ_VERBS = (":testIamPermissions", ":getEffectivePolicy", ":batchGet")
-
-
-@contextmanager
-def settings(sb, **changes) -> Iterator[None]:
-    before = sb.configure()
-    sb.configure(**changes)
-    try:
-        yield
-    finally:
-        sb.configure(**{key: before[key] for key in changes})
 
 
 def cloud_writes(sb, since: int) -> list[str]:
@@ -40,7 +28,7 @@ def cloud_writes(sb, since: int) -> list[str]:
 
 def test_the_first_rtx_promotion_on_a_new_projects_quotas_is_refused_before_any_write(sb, flow_env):
     since = sb.last_request_seq()
-    with settings(sb, **GOOGLE_DEFAULTS), pytest.raises(QuotaExceeded) as refused:
+    with sandbox_settings(sb, **GOOGLE_DEFAULTS), pytest.raises(QuotaExceeded) as refused:
         promote_model(model="sandbox/tiny-chat", service="quota-rtx", profile="rtx-pro-6000",
                       token_secret_block="sandbox-hf-token")  # fmt: skip
     message = str(refused.value)
@@ -56,7 +44,7 @@ def test_the_first_rtx_promotion_on_a_new_projects_quotas_is_refused_before_any_
 def test_with_the_quota_raised_the_same_promotion_passes_preflight(sb, flow_env):
     """The refusal is the quota's, not the profile's: with 80 GiB the preflight lets the promotion through."""
     raised = {**GOOGLE_DEFAULTS, "memory_quota_gib": 80}
-    with settings(sb, **raised):
+    with sandbox_settings(sb, **raised):
         report = promote_model(model="sandbox/tiny-chat", service="quota-rtx-ok", profile="rtx-pro-6000",
                                token_secret_block="sandbox-hf-token", dry_run=True)  # fmt: skip
     assert report.outcome == "dry-run"

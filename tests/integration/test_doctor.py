@@ -4,8 +4,6 @@ failure with the command that fixes it; and doctor only reads. Real clients over
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from google.api_core import exceptions as gexc
@@ -19,6 +17,7 @@ from flows.doctor import doctor, main
 from tasks import clients
 from tasks import doctor as checks
 from tasks.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
+from tests.support.sandbox_config import sandbox_settings
 
 _ids = itertools.count()
 READ_VERBS = (":testIamPermissions", ":getEffectivePolicy", ":batchGet")
@@ -30,17 +29,6 @@ def target(sandbox_target) -> GcpTarget:
     """The sandbox target with a bucket and service account of its own (neither exists yet)."""
     n = next(_ids)
     return sandbox_target.model_copy(update={"bucket": f"doctor-test-{n}", "service_account_name": f"doctor-sa-{n}"})
-
-
-@contextmanager
-def settings(sb, **changes) -> Iterator[None]:
-    """Sandbox settings for the block; the previous values come back after, whatever happens."""
-    before = sb.configure()
-    sb.configure(**changes)
-    try:
-        yield
-    finally:
-        sb.configure(**{key: before[key] for key in changes})
 
 
 def by_name(rows: list[checks.Check]) -> dict[str, checks.Check]:
@@ -81,7 +69,7 @@ def test_clean_project_is_all_green_in_the_flow_and_its_table(prefect_api, sb, t
 
 @pytest.mark.prefect
 def test_disabled_api_is_refused_as_google_does_and_doctor_names_the_enable_command(prefect_api, sb, target):
-    with settings(sb, disabled_apis=["run.googleapis.com"]):
+    with sandbox_settings(sb, disabled_apis=["run.googleapis.com"]):
         with pytest.raises(gexc.Forbidden) as refused:
             clients.run_services(target).list_services(parent=target.location_path)
         assert refused.value.reason == "SERVICE_DISABLED"
@@ -114,7 +102,7 @@ def test_missing_role_is_a_named_failure_with_the_grant_command(sb, target):
 
 def test_gpu_quota_below_max_instances_fails_with_the_quota_to_request(sb, target):
     three = L4.model_copy(update={"max_instances": 3})
-    with settings(sb, gpu_quota={"nvidia-l4": 1, "nvidia-rtx-pro-6000": 1}):
+    with sandbox_settings(sb, gpu_quota={"nvidia-l4": 1, "nvidia-rtx-pro-6000": 1}):
         row = checks.check_gpu_quota(target, three)
     assert row.status == "fail"
     assert (
@@ -135,7 +123,7 @@ GOOGLE_DEFAULTS = {"cpu_quota": 20, "memory_quota_gib": 40, "gpu_quota": {"nvidi
 
 def test_on_a_new_projects_quotas_the_rtx_profile_fails_on_memory_and_reads_its_gpu_quota_in_gpus(sb, target):
     rtx = ServingProfile.preset("rtx-pro-6000")
-    with settings(sb, **GOOGLE_DEFAULTS):
+    with sandbox_settings(sb, **GOOGLE_DEFAULTS):
         rows = by_name(checks.check_quotas(target, rtx))
         two = checks.check_gpu_quota(target, rtx.model_copy(update={"max_instances": 2}))
     assert rows["CPU quota"].status == "ok"  # 20 vCPU: exactly one instance
@@ -153,7 +141,7 @@ def test_on_a_new_projects_quotas_the_rtx_profile_fails_on_memory_and_reads_its_
 
 def test_location_policy_excluding_the_region_fails(sb, target):
     eu_only = {"gcp.resourceLocations": {"rules": [{"values": {"allowedValues": ["in:eu-locations"]}}]}}
-    with settings(sb, org_policies=eu_only):
+    with sandbox_settings(sb, org_policies=eu_only):
         rows = by_name(checks.check_org_policies(target))
     row = rows["org policy gcp.resourceLocations"]
     assert row.status == "fail" and "in:eu-locations" in row.detail
@@ -166,7 +154,7 @@ def test_location_policy_excluding_the_region_fails(sb, target):
 
 def test_egress_policy_refusing_all_traffic_fails(sb, target):
     private_only = {"run.allowedVPCEgress": {"rules": [{"values": {"allowedValues": ["private-ranges-only"]}}]}}
-    with settings(sb, org_policies=private_only):
+    with sandbox_settings(sb, org_policies=private_only):
         row = by_name(checks.check_org_policies(target))["org policy run.allowedVPCEgress"]
     assert row.status == "fail" and row.fix.endswith("run.allowedVPCEgress all-traffic --project sandbox-project")
 
@@ -195,7 +183,7 @@ def test_doctor_only_reads(sb, target, tmp_path):
 
 def test_service_usage_and_org_policy_answer_as_google(sb, target):
     usage = clients.service_usage(target)
-    with settings(sb, disabled_apis=["cloudbuild.googleapis.com"]):
+    with sandbox_settings(sb, disabled_apis=["cloudbuild.googleapis.com"]):
         enabled = [s.config.name for s in usage.list_services(request={"parent": "projects/sandbox-project",
                                                                         "filter": "state:ENABLED"})]  # fmt: skip
         build = usage.get_service(request={"name": "projects/sandbox-project/services/cloudbuild.googleapis.com"})
@@ -212,13 +200,13 @@ def test_service_usage_and_org_policy_answer_as_google(sb, target):
 def test_invokers_under_domain_restricted_sharing_are_a_warning(sb, target):
     restricted = {"iam.allowedPolicyMemberDomains": {"rules": [{"values": {"allowedValues": ["C0abc123"]}}]}}
     with_invokers = target.model_copy(update={"invokers": ["group:ml-apps@example.com"]})
-    with settings(sb, org_policies=restricted):
+    with sandbox_settings(sb, org_policies=restricted):
         row = by_name(checks.check_org_policies(with_invokers))["org policy iam.allowedPolicyMemberDomains"]
     assert row.status == "warn" and "C0abc123" in row.detail and "group:ml-apps@example.com" in row.detail
 
 
 def test_run_service_unaffected_by_unrelated_disabled_api(sb, target):
-    with settings(sb, disabled_apis=["secretmanager.googleapis.com"]):
+    with sandbox_settings(sb, disabled_apis=["secretmanager.googleapis.com"]):
         listed = clients.run_services(target).list_services(parent=target.location_path)
         assert isinstance(list(listed), list)
         with pytest.raises(gexc.Forbidden):
@@ -232,7 +220,7 @@ def test_promote_runs_doctor_first_when_the_target_asks_and_stops_before_any_wri
     gated = target.model_copy(update={"doctor_before_promote": True})
     gated.save("doctor-gate", overwrite=True)
     since = sb.last_request_seq()
-    with settings(sb, disabled_apis=["compute.googleapis.com"]), pytest.raises(checks.DoctorFailed) as failed:
+    with sandbox_settings(sb, disabled_apis=["compute.googleapis.com"]), pytest.raises(checks.DoctorFailed) as failed:
         promote_model(model="sandbox/tiny-chat", target="doctor-gate", service="doctor-gate", hub_endpoint=sb.hub_url)
     assert "gcloud services enable compute.googleapis.com --project sandbox-project" in str(failed.value)
     assert str(failed.value).splitlines()[0] == (
@@ -289,7 +277,7 @@ def test_build_identity_is_checked_once_it_exists(sb, target, tmp_path):
 
 
 def test_service_usage_itself_disabled_is_named_by_the_checks_that_read_through_it(sb, target):
-    with settings(sb, disabled_apis=["serviceusage.googleapis.com"]):
+    with sandbox_settings(sb, disabled_apis=["serviceusage.googleapis.com"]):
         apis = checks.check_apis(target, L4)
         quota = checks.check_gpu_quota(target, L4)
         memory = by_name(checks.check_quotas(target, L4))["Memory quota"]

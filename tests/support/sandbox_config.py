@@ -17,3 +17,14 @@ def config_setter(sandbox: SandboxHandle, key: str) -> Iterator[Callable[[object
         yield lambda value: sandbox.configure(**{key: value})
     finally:
         sandbox.configure(**{key: before})
+
+
+@contextlib.contextmanager
+def sandbox_settings(sandbox: SandboxHandle, **changes: object) -> Iterator[None]:
+    """Sandbox settings for the block; the previous values come back after, whatever happens."""
+    before = sandbox.configure()
+    sandbox.configure(**changes)
+    try:
+        yield
+    finally:
+        sandbox.configure(**{key: before[key] for key in changes})

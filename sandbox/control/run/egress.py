@@ -4,10 +4,11 @@ Cloud Run's networking best practices: with ``--vpc-egress=all-traffic`` every p
 "you must set up Cloud NAT to reach the public internet"; ``private-ranges-only`` (the default) sends only
 private ranges into the VPC and everything else out the normal way, to the internet
 (https://cloud.google.com/run/docs/configuring/networking-best-practices). Google APIs, Cloud Storage among them,
-go the same way: with all-traffic egress they are reached through the VPC, which needs Private Google Access on
-the subnet (the same page: "If you use Direct VPC egress with all traffic routed through the VPC, enable Private
-Google Access on the subnet to reach Google APIs"; or Cloud NAT to their public addresses). A Cloud Storage volume
-on a revision without either cannot read its bucket: here its reads go to the black hole too.
+go the same way: with all-traffic egress their public addresses are sent into the VPC too, where they are reached
+through Private Google Access on the subnet (Google's Direct VPC egress page for Cloud Run functions: "If your
+function needs to access Google APIs and services using their internal IP addresses, enable Private Google Access on
+the subnet that you use for Direct VPC egress"), or through Cloud NAT. A Cloud Storage volume on a revision with
+neither cannot read its bucket: here its reads go to the black hole too.
 
 The sandbox's "internet" is the Hub stand-in. A container is told where the Hub is through ``HF_ENDPOINT``, the
 way the platform's plumbing tells it where storage is (``STORAGE_EMULATOR_HOST``): the Hub stand-in when the
