@@ -321,7 +321,13 @@ def _promote(
         with report.step("deploy candidate"):
             lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
             stopped = _stop_for_replace(target, service_id, spec, delivery)
-            candidate = run_deploy_candidate(target, service_id, spec)
+            try:
+                candidate = run_deploy_candidate(target, service_id, spec, gpu_freed=stopped is not None)
+            except Exception:
+                if stopped is not None:  # the old revision serves again, from a cold start on the freed GPU
+                    run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
+                    report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
+                raise
             report.candidate_url = candidate.url if not candidate.unchanged else None
             report.service_url = candidate.service_url
             report.previous_revision = candidate.previous_revision

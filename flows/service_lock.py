@@ -6,7 +6,8 @@ A Prefect global concurrency limit of one slot per service, held through a lease
 after those three and lets the lease lapse unnoticed, so a second run could take the lock while the first still
 writes. A promotion holds the lock for up to an hour, sometimes with traffic split, so neither will do. Here:
 
-- renewal retries a failure (the server out of reach, a 5xx) until the server answers again, however long;
+- a failed renewal (the server out of reach, a 5xx) is tried again on the thread's next turn, however long the
+  outage lasts, while a ``fence()`` retries it there and then for up to the lock's timeout;
 - a lease the server no longer knows (410 Gone: it lapsed while the server was out of reach for longer than the
   lease, or a server restart lost in-memory lease storage) is taken again as soon as the slot is free;
 - before each write to the service the flow calls ``fence()``, which renews there and then, so the write is made
@@ -53,6 +54,7 @@ class ServiceLock:
         self.lease_id: UUID | None = None
         self._may_have_changed = False  # set on a lapse, cleared when fence() reports it
         self._last_renewed = 0.0
+        self._outage_since: float | None = None  # when renewals began to fail, until one succeeds
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         run = FlowRunContext.get()
@@ -119,33 +121,31 @@ class ServiceLock:
         return True
 
     def _keep(self, client: SyncPrefectClient, wait: bool) -> bool:
-        """Renew, retrying until the server answers; take the lock again if the lease lapsed. False only when it
-        lapsed and another run holds the slot while ``wait`` is False (the thread tries again on its next turn)."""
-        log = run_logger()
-        pause, outage_since = 1.0, None
+        """Renew; take the lock again if the lease lapsed. With ``wait`` (a fence), a failed renewal is retried until
+        the server answers, up to ``timeout_s``; without (the thread's turn), it is tried once, so that the thread
+        never holds the mutex through an outage and a fence meanwhile keeps its own deadline. False when the renewal
+        failed or the lease lapsed while another run holds the slot, without ``wait``: the next turn tries again."""
+        pause = 1.0
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 if self._renewed(client):
-                    if outage_since is not None:
-                        log.info(
-                            "service lock %s: renewed again after %.0f s", self.name, time.monotonic() - outage_since
-                        )
+                    self._outage_ended()
                     return True
                 break
             except Exception as exc:  # out of reach, 5xx: the lease is good until LOCK_LEASE_S after the last renewal
-                if outage_since is None:
-                    outage_since = time.monotonic()
-                    log.warning("service lock %s: renewal failed (%s); retrying until the server answers", self.name,
-                                exc)  # fmt: skip
-                if wait and time.monotonic() > deadline:
+                self._outage_began(exc)
+                if not wait:
+                    return False
+                if time.monotonic() > deadline:
                     raise ServiceLockTimeout(
                         f"the lock {self.name} could not be renewed for {self.timeout_s:.0f} s (the Prefect server is "
                         f"out of reach: {exc}); this run made no change after that"
                     ) from exc
-                if self._stop.wait(pause):
-                    return True  # the run is done with the lock
+                time.sleep(pause)
                 pause = min(pause * 2, RETRY_CAP_S)
+        self._outage_ended()  # the server answered: it no longer knows the lease
+        log = run_logger()
         # The lease lapsed: this run held no lock for a while, and another run may have changed the service.
         lapsed_for = time.monotonic() - self._last_renewed
         if not self._take(client, wait=wait):
@@ -160,12 +160,24 @@ class ServiceLock:
                     "checked before the next change", self.name, lapsed_for)  # fmt: skip
         return True
 
+    def _outage_began(self, exc: Exception) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            run_logger().warning("service lock %s: renewal failed (%s); retrying until the server answers", self.name,
+                                 exc)  # fmt: skip
+
+    def _outage_ended(self) -> None:
+        if self._outage_since is not None:
+            run_logger().info("service lock %s: renewed again after %.0f s", self.name,
+                              time.monotonic() - self._outage_since)  # fmt: skip
+            self._outage_since = None
+
     def _renew_in_background(self) -> None:
         while not self._stop.wait(RENEW_EVERY_S):
             with self._mutex, get_client(sync_client=True) as client:
                 if self._stop.is_set():
                     return
-                with contextlib.suppress(Exception):  # reported by _keep's own log; the next turn tries again
+                with contextlib.suppress(Exception):  # the lapse's own failures: the next turn tries again
                     self._keep(client, wait=False)
 
     @contextlib.contextmanager

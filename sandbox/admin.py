@@ -30,6 +30,7 @@ class ConfigUpdate(BaseModel):
     cpu_quota: float | None = None
     memory_quota_gib: float | None = None
     runtime_gpu_quota: bool | None = None
+    gpu_release_seconds: float | None = Field(None, ge=0)
     iam_propagation_seconds: float | None = Field(None, ge=0)
     grant_propagation_seconds: float | None = Field(None, ge=0)
     monitoring_delay_seconds: float | None = Field(None, ge=0)

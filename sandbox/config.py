@@ -42,6 +42,15 @@ class SandboxConfig(BaseModel):
         "does not start (as on Cloud Run); off by default because the sandbox keeps idle instances (a session's "
         "services would hold every GPU)",
     )
+    gpu_release_seconds: float = Field(
+        0,
+        ge=0,
+        description="with runtime_gpu_quota, simulated seconds an instance's GPU still counts against the quota after "
+        "the instance stopped: Cloud Run releases it some time later (justin-thakral/dullyPDF's "
+        "scripts/deploy-detector-services.sh retries a single-GPU redeploy 4 times 45 s apart on 'Quota exceeded "
+        "for total allowable count of GPUs' while 'Cloud Run is still releasing the prior GPU allocation'; Google "
+        "publishes no figure)",
+    )
     disabled_apis: list[str] = Field(
         default_factory=list,
         description="services not enabled in the project (e.g. 'run.googleapis.com'): Service Usage reports them "

@@ -36,6 +36,12 @@ MAX_SERVICE_ID = 46 - len(CANDIDATE_TAG)
 PROMOTED_FIELDS = ["template", "traffic", "labels", "ingress", "invoker_iam_disabled", "launch_stage"]
 
 
+# Names one revision spec may take (``wanted``, ``wanted-2``, ...: a failed revision keeps its name): enough for the
+# redeploys of a grant that takes Google's worst case to propagate (tasks/propagation.redeploy_pauses), a bound on
+# reruns of a spec that keeps failing.
+REVISION_NAMES = 20
+
+
 class DeployFailed(RuntimeError):
     """The candidate revision never became ready; the message carries Cloud Run's reason and its logs."""
 
@@ -146,7 +152,7 @@ def _failure_details(target: GcpTarget, service_id: str, revision: str, error: E
 def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tuple[str, run_v2.Revision | None]:
     """``wanted``, or ``wanted-2``... when an earlier attempt left a failed revision under that name."""
     revisions = clients.run_revisions(target)
-    for attempt in range(1, 10):
+    for attempt in range(1, REVISION_NAMES + 1):
         name = wanted if attempt == 1 else f"{wanted[:60]}-{attempt}"
         try:
             existing = revisions.get_revision(
@@ -156,7 +162,9 @@ def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tupl
             return name, None
         if _ready(existing):
             return name, existing
-    raise InfraError(f"revisions {wanted} to {wanted}-9 of {service_id} all failed; change the profile or weights")
+    raise InfraError(
+        f"revisions {wanted} to {wanted}-{REVISION_NAMES} of {service_id} all failed; change the profile or weights"
+    )
 
 
 def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
@@ -519,27 +527,47 @@ def verify_candidate(
     return verify(candidate.url, clients.identity_token(target, candidate.service_url), served_name, options)
 
 
-def deploy_when_granted(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
+GPU_QUOTA_REFUSAL = "Quota exceeded for total allowable count of GPUs per project per region"
+# How long a replace rollout waits for Cloud Run to release the stopped revision's GPU. Google publishes no figure; a
+# public single-GPU deploy script waits up to 3 minutes (4 tries 45 s apart, justin-thakral/dullyPDF's
+# scripts/deploy-detector-services.sh): twice that.
+GPU_RELEASE_DEADLINE_S = 360.0
+
+
+def deploy_when_startable(
+    target: GcpTarget, service_id: str, spec: run_v2.Service, gpu_freed: bool = False
+) -> Candidate:
     """``deploy_candidate``, made again (a new revision: the failed one keeps its name) while its revision fails only
-    because this run's grant to its account has not taken effect yet (tasks/propagation.py); logged, bounded."""
+    because this run's grant to its account (its secret, the weights bucket) has not taken effect yet
+    (tasks/propagation.py), or, after a replace rollout stopped the serving revision (``gpu_freed``), because Cloud
+    Run has not released that revision's GPU yet; logged, bounded."""
     email = spec.template.service_account
-    deadline = time.monotonic() + propagation.DEADLINE_S
-    pause = propagation.INITIAL_S
+    started = time.monotonic()
+    pauses = propagation.redeploy_pauses()
     while True:
         try:
             return deploy_candidate(target, service_id, spec)
         except DeployFailed as exc:
-            if not propagation.revision_failed_on_new_grant(str(exc), email) or time.monotonic() > deadline:
+            waited = time.monotonic() - started
+            unreadable = propagation.unreadable_on_new_grant(str(exc), email)
+            if unreadable is not None and waited < propagation.DEADLINE_S:
+                pause = next(pauses)
+                run_logger().info(
+                    "the revision's account %s cannot read %s yet: this run granted it moments ago (IAM propagation, "
+                    "typically 2 minutes, up to 7 or more); deploying again in %.0f s", email, unreadable, pause,
+                )  # fmt: skip
+            elif gpu_freed and GPU_QUOTA_REFUSAL in str(exc) and waited < GPU_RELEASE_DEADLINE_S:
+                pause = next(pauses)
+                run_logger().info(
+                    "Cloud Run has not released the stopped revision's GPU yet (%s); deploying again in %.0f s",
+                    GPU_QUOTA_REFUSAL, pause,
+                )  # fmt: skip
+            else:
                 raise
-            run_logger().info(
-                "the revision's account %s cannot read its secret yet: this run granted it moments ago (IAM "
-                "propagation, typically 2 minutes, up to 7 or more); deploying again in %.0f s", email, pause,
-            )  # fmt: skip
             time.sleep(pause)
-            pause = min(pause * propagation.MULTIPLIER, propagation.MAXIMUM_S)
 
 
-run_deploy_candidate = task(name="run_deploy_candidate")(deploy_when_granted)
+run_deploy_candidate = task(name="run_deploy_candidate")(deploy_when_startable)
 run_verify_candidate = task(name="run_verify_candidate")(verify_candidate)
 run_promote_candidate = task(name="run_promote_candidate")(promote_candidate)
 run_abandon_candidate = task(name="run_abandon_candidate")(abandon_candidate)

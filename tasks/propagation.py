@@ -21,7 +21,11 @@ Until then:
 - a revision whose account was just granted its secret fails to start: "Permission denied on secret: S for Revision
   service account X. The service account used must be granted the 'Secret Manager Secret Accessor' role ..."
   (GoogleCloudPlatform/terraform-docs-samples PR 168's words; a propagation delay behind them in a write-up of the
-  same error): the deploy is made again (a new revision) until the grant has taken effect.
+  same error); one just granted the weights bucket cannot mount its Cloud Storage volume: gcsfuse lists the bucket
+  at mount and fails with "SetUpBucket: Error in iterating through objects: googleapi: Error 403: X does not have
+  storage.objects.list access to the Google Cloud Storage bucket ..." in the revision's log (gcsfuse's SetUpBucket;
+  GoogleCloudPlatform/ai-on-gke issue 488). Either way the deploy is made again (a new revision) until the grant
+  has taken effect.
 
 Terraform sleeps a fixed 10 s after creating an account (magic-modules PR 10813) and still sees these errors;
 here the step retries exactly those answers, with exponential backoff, a deadline above the documented worst case,
@@ -33,7 +37,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from google.api_core import exceptions as gexc
@@ -51,6 +55,18 @@ INITIAL_S = 1.0
 MULTIPLIER = 2.0
 MAXIMUM_S = 15.0
 DEADLINE_S = 600.0
+# A revision that failed on a grant is deployed again under a new name (Cloud Run refuses to delete a service's
+# latest revision, and a failed one keeps its name): pauses grow to a minute, so that the deadline comes before the
+# service's revision names for one promotion run out (tasks/cloudrun.REVISION_NAMES).
+REDEPLOY_MAXIMUM_S = 60.0
+
+
+def redeploy_pauses() -> Iterator[float]:
+    """The pauses between deploys of a revision that waits for its account's new grant: 1 s, doubling to a minute."""
+    pause = INITIAL_S
+    while True:
+        yield pause
+        pause = min(pause * MULTIPLIER, REDEPLOY_MAXIMUM_S)
 
 
 OTHER_NEW_ACCOUNT = re.compile(r"Service account [\w.+-]+@[\w.-]+\.gserviceaccount\.com does not exist")
@@ -95,13 +111,16 @@ def is_not_visible_yet(exc: BaseException, email: str) -> bool:
     return False
 
 
-def revision_failed_on_new_grant(message: str, email: str) -> bool:
-    """Whether a revision of ``email`` failed only because this run's grant to it has not propagated yet."""
-    return (
-        "Permission denied on secret" in message
-        and f"for Revision service account {email}" in message
-        and _granted_recently(email)
-    )
+def unreadable_on_new_grant(message: str, email: str) -> str | None:
+    """What a revision of ``email`` could not read only because this run's grant to it has not propagated yet (its
+    secret, the weights bucket), from its failure and log tail; None for any other failure."""
+    if not _granted_recently(email):
+        return None
+    if "Permission denied on secret" in message and f"for Revision service account {email}" in message:
+        return "its secret"
+    if f"{email} does not have storage.objects.list access" in message:  # gcsfuse's mount of the weights volume
+        return "the weights bucket"
+    return None
 
 
 def propagation_retry(email: str, seen_by: str, deadline_s: float = DEADLINE_S) -> Retry:

@@ -14,8 +14,9 @@ default quota of 1 that is impossible. `replace` frees the serving instance firs
 3. one update moves all traffic to it and switches back to automatic scaling with the service-level minimum and
    maximum it had (both given: the docs say that with neither, both would inherit the manual count, 0).
 
-The downtime runs from step 1 to step 3. A candidate that fails verification is abandoned and the service switched
-back to automatic: the old revision starts again on its next request (a cold start on the freed GPU).
+The downtime runs from step 1 to step 3. A candidate that does not start (after waiting for Cloud Run to release the
+stopped instance's GPU, tasks/cloudrun.deploy_when_startable) or fails verification is abandoned and the service
+switched back to automatic: the old revision starts again on its next request (a cold start on the freed GPU).
 """
 
 from __future__ import annotations

@@ -41,17 +41,18 @@ def test_the_first_promotion_with_a_new_service_account_waits_for_iam(sb, flow_e
     assert puts[0] == 400 and puts[-1] == 200  # "does not exist" while IAM propagated, then granted
 
 
+@pytest.mark.parametrize("grant_s", [120, 420], ids=["grants-typical", "grants-worst-case"])
 def test_a_first_promotion_waits_through_googles_worst_case_for_a_new_account_and_logs_each_wait(
-    sb, flow_env, iam_propagation, grant_propagation
+    sb, flow_env, iam_propagation, grant_propagation, grant_s
 ):
     """Google's IAM docs: "typically 2 minutes, potentially 7 minutes or longer". A new account unknown to other
-    APIs for 7 simulated minutes and every role grant taking 2: the promotion still succeeds (the waits' deadline is
-    above the worst case) and says at each wait what it waits for (ten minutes at most, where two were before)."""
+    APIs for 7 simulated minutes and every role grant taking 2 (typical) or 7 (worst case): the promotion still
+    succeeds (the waits' deadline is above the worst case) and says at each wait what it waits for."""
     n = next(_ids)
     target = flow_env.model_copy(update={"service_account_name": f"slow-iam-sa-{n}"})
     target.save(f"e2e-slow-iam-{n}", overwrite=True)
     iam_propagation(420)
-    grant_propagation(120)
+    grant_propagation(grant_s)
     with run_logs() as log:
         report = promote(f"e2e-slow-iam-{n}", target=f"e2e-slow-iam-{n}")
     assert report.outcome == "promoted", report.reason
@@ -59,8 +60,9 @@ def test_a_first_promotion_waits_through_googles_worst_case_for_a_new_account_an
     email = target.service_account_email
     assert any(line.startswith(f"service account {email}, or its new grant, is not visible to Cloud Storage")
                for line in waits), log.text()[-3000:]  # fmt: skip
-    # Waited for the whole window at the first call that names the account: later steps found it visible.
-    assert len(waits) >= 3 and not any("is not visible to Cloud Run" in line for line in waits), waits
+    # Waited for the whole window at the first call that names the account (how many tries that took depends on the
+    # machine's speed): later steps found it visible.
+    assert not any("is not visible to Cloud Run" in line for line in waits), waits
 
 
 def test_a_revision_whose_secret_grant_has_not_propagated_is_deployed_again_once_it_has(
@@ -81,6 +83,27 @@ def test_a_revision_whose_secret_grant_has_not_propagated_is_deployed_again_once
     assert any("cannot read its secret yet" in line for line in log.lines), log.text()[-3000:]
     waits = [line for line in log.lines if "cannot read its secret yet" in line]
     assert len(waits) >= 2, waits  # several tries, each logged: 5 s of propagation, retries from 1 s up
+
+
+def test_a_revision_that_cannot_mount_its_weights_bucket_yet_is_deployed_again_once_the_grant_counts(
+    sb, flow_env, grant_propagation
+):
+    """The serving account is granted the weights bucket in the ensure step and the revision mounts it moments later:
+    gcsfuse lists the bucket at mount, and until the grant counts the volume never mounts ("does not have
+    storage.objects.list access" in the revision's log). The deploy is made again, logged, until it does."""
+    n = next(_ids)
+    target = flow_env.model_copy(update={"service_account_name": f"mount-wait-sa-{n}"})
+    target.save(f"e2e-mount-wait-{n}", overwrite=True)
+    grant_propagation(1000)  # 10 s at the default clock: far longer than the ensure step and the deploy take here
+    with run_logs() as log:
+        report = promote(f"e2e-mount-wait-{n}", target=f"e2e-mount-wait-{n}")
+    assert report.outcome == "promoted", report.reason
+    waits = [line for line in log.lines if "cannot read the weights bucket yet" in line]
+    assert waits and all(target.service_account_email in line for line in waits), log.text()[-3000:]
+    revision = clients.run_revisions(target).get_revision(
+        name=f"{target.location_path}/services/e2e-mount-wait-{n}/revisions/{report.serving_revision}"
+    )
+    assert [v.gcs.bucket for v in revision.volumes] == [target.bucket_name]  # served from the mounted bucket
 
 
 def test_runtime_hub_access_reaches_the_hub_from_the_deployed_container(sb, flow_env):

@@ -19,6 +19,7 @@ from tasks import clients
 from tasks.cloudrun import DeployFailed, deploy_candidate
 from tasks.preflight import PreflightError
 from tests.e2e.test_flows import artifact, promote, run_service
+from tests.support.run_log import run_logs
 
 pytestmark = pytest.mark.prefect
 RTX = "rtx-pro-6000"
@@ -89,3 +90,44 @@ def test_zero_downtime_is_refused_before_any_write_and_replace_promotes_with_its
     token = clients.identity_token(flow_env, current.uri).get_secret_value()
     answer = httpx.get(f"{current.uri}/health", headers={"Authorization": f"Bearer {token}"}, timeout=60)
     assert answer.status_code == 200 and answer.headers["x-sandbox-revision"] == report.serving_revision
+
+
+def test_replace_waits_while_cloud_run_releases_the_stopped_revisions_gpu(sb, flow_env, one_rtx_gpu):
+    """Cloud Run releases a stopped instance's GPU some time after it stops (a public single-GPU deploy script
+    retries on "Quota exceeded ..." for that): the candidate's first revisions are refused on the quota, and the
+    replace rollout deploys again, logged, until the GPU is free; it promotes, and says the downtime grew."""
+    service = f"replace-release-{next(_ids)}"
+    old = promote(service, profile=RTX).serving_revision
+    before = sb.configure()["gpu_release_seconds"]
+    sb.configure(gpu_release_seconds=300)  # 3 s at the default clock
+    try:
+        with run_logs() as log:
+            report = promote(service, profile=RTX, revision="dev", rollout="replace")
+    finally:
+        sb.configure(gpu_release_seconds=before)
+    assert report.outcome == "promoted" and report.serving_revision != old, report.reason
+    waits = [line for line in log.lines if "has not released the stopped revision's GPU yet" in line]
+    assert waits, log.text()[-3000:]
+    revisions = clients.run_revisions(flow_env).list_revisions(parent=f"{flow_env.location_path}/services/{service}")
+    refused = [r.name for r in revisions if any("Quota exceeded for total allowable count of GPUs" in c.message
+                                               for c in r.conditions)]  # fmt: skip
+    assert len(refused) == len(waits), (refused, waits)  # each refused try logged, then a new revision served
+    assert running(sb, service) == [report.serving_revision]
+    assert report.downtime is not None and "replace rollout" in report.downtime
+
+
+def test_a_replace_candidate_that_never_starts_leaves_the_old_revision_serving_again(sb, flow_env, one_rtx_gpu):
+    """The serving revision was stopped for the candidate; the candidate crashes at start. The promotion fails, and the
+    service scales automatically again with all traffic on the old revision, which answers (a cold start)."""
+    service = f"replace-crash-{next(_ids)}"
+    old = promote(service, profile=RTX).serving_revision
+    sb.run("POST", "/faults", json={"service": service, "faults": {"crash_at_start": "CUDA error: out of memory"},
+                                    "revisions": 1})  # fmt: skip
+    with pytest.raises(DeployFailed, match="CUDA error: out of memory"):
+        promote(service, profile=RTX, revision="dev", rollout="replace")
+    current = run_service(flow_env, service)
+    assert current.scaling.scaling_mode.name == "AUTOMATIC"
+    assert [(s.revision, s.percent) for s in current.traffic_statuses if s.percent] == [(old, 100)]
+    token = clients.identity_token(flow_env, current.uri).get_secret_value()
+    answer = httpx.get(f"{current.uri}/health", headers={"Authorization": f"Bearer {token}"}, timeout=120)
+    assert answer.status_code == 200 and answer.headers["x-sandbox-revision"] == old

@@ -5,24 +5,30 @@ takes the lock again and goes on if the service is as it left it, and never writ
 
 from __future__ import annotations
 
+import contextvars
 import itertools
+import logging
 import re
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from uuid import UUID
+from urllib.parse import urlsplit
+from uuid import UUID, uuid4
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from flows.common import service_lock_name
 from flows.promote import promote_model
-from flows.service_lock import LOCK_LEASE_S
+from flows.service_lock import LOCK_LEASE_S, ServiceLockTimeout, held
 from tasks.cloudrun import rollback
+from tasks.logs import PACKAGE_LOGGER
 from tasks.probe import VerifyOptions
 from tests.e2e.test_flows import artifact, run_service
 from tests.support.locks import lock_slots, wait_until
 from tests.support.run_log import RunLog, run_logs
+from tests.support.tcp_proxy import cuttable_proxy
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
@@ -109,3 +115,27 @@ def test_a_run_whose_lease_lapsed_never_writes_over_the_run_that_took_the_lock(s
     assert f"{old} 100 %" in str(failed.value)
     assert serving(flow_env, service) == [(old, 100)]  # not split, and not moved back under the other run
     assert "NOT promoted" in artifact(f"promotion-{service}")
+
+
+def test_a_fence_during_a_prefect_server_outage_gives_up_at_the_locks_timeout_instead_of_hanging(prefect_api, caplog):
+    """The Prefect server out of reach while a run holds a service's lock: the renewal thread keeps failing, and a
+    write's fence must still end, at the lock's timeout, with an error saying the run made no change after it (the
+    thread once retried inside the lock's mutex for as long as the outage lasted, so the fence waited for the server).
+    Once the server answers again the run holds the lock."""
+    caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
+    api = urlsplit(PREFECT_API_URL.value())
+    name = f"lock-outage-{next(_ids)}-{uuid4().hex[:8]}"
+    with cuttable_proxy(api.port) as proxy:
+        via_proxy = f"{api.scheme}://127.0.0.1:{proxy.port}{api.path}"
+        settings = {PREFECT_API_URL: via_proxy, PREFECT_CLIENT_MAX_RETRIES: 0}
+        with temporary_settings(settings), held(name, timeout_s=5) as lock:
+            proxy.cut()
+            wait_until(lambda: "renewal failed" in caplog.text, 120, "the renewal thread to meet the outage")
+            with ThreadPoolExecutor(1) as pool:
+                fenced = pool.submit(contextvars.copy_context().run, lock.fence)  # the proxied settings too
+                with pytest.raises(ServiceLockTimeout, match=r"could not be renewed .* made no change after that"):
+                    fenced.result(timeout=120)
+            proxy.mend()
+            lock.fence()  # renewed, or taken again if the lease lapsed meanwhile: held either way
+            with get_client(sync_client=True) as client:
+                assert client.read_global_concurrency_limit_by_name(name).active_slots == 1

@@ -126,7 +126,9 @@ def test_grants_right_after_creating_the_account_wait_and_say_why(sb, target, ia
 def test_a_deploy_naming_a_new_account_waits_for_cloud_run_to_see_it(sb, target, iam_propagation, caplog):
     caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
     infra.ensure_bucket(target)
-    upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files())
+    # This test's own bucket, readable by any account: the new one cannot be granted it before IAM knows it.
+    upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files(),
+                 readers=["allAuthenticatedUsers"])  # fmt: skip
     service_id = f"propagation-{next(_ids)}"
     spec = gpu_service(target.bucket_name)
     spec.template.service_account = target.service_account_email

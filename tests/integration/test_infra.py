@@ -357,7 +357,8 @@ def test_secret_gets_a_new_version_only_when_the_value_changes(target):
 
 
 def _deploy_private_service(target: GcpTarget, service_id: str) -> run_v2.Service:
-    upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files())
+    upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files(),
+                 readers=[f"serviceAccount:{target.service_account_email}"])  # fmt: skip
     spec = gpu_service(target.bucket_name)
     spec.template.service_account = target.service_account_email
     return (

@@ -11,7 +11,7 @@ from google.cloud import run_v2
 from pydantic import SecretStr
 
 from tasks import access, clients, infra
-from tests.support.models import tiny_model_files, upload_model
+from tests.support.models import let_read, tiny_model_files, upload_model
 from tests.support.services import gpu_service, vllm_args
 
 BUCKET = "cloudrun-deps-weights"
@@ -89,6 +89,7 @@ def test_direct_vpc_egress_needs_the_network_and_subnet(services, target):
 @pytest.mark.usefixtures("iam_propagated")  # deploys as an account created a moment ago, raw
 def test_secret_env_needs_the_accessor_role_on_that_secret(services, target):
     infra.ensure_service_account(target)
+    let_read(clients.storage(target), BUCKET, [f"serviceAccount:{target.service_account_email}"])
     infra.ensure_secret(target, SecretStr("hf_secretForTheContainer000000000000"))
     spec = gpu_service(BUCKET)
     spec.template.service_account = target.service_account_email

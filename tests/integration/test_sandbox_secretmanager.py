@@ -15,6 +15,7 @@ from google.iam.v1 import policy_pb2
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
+from sandbox.authz import has_permission
 from sandbox.config import SandboxConfig
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, google_error_handler
@@ -288,12 +289,14 @@ def test_python_api_for_other_modules(tmp_path):
         assert module.latest_value("missing") is None
 
         assert module.policy("hf-token") == {"version": 1, "etag": "ACAB", "bindings": []}
-        assert not module.can_access("hf-token", sa)
+        secret, access = f"projects/{config.project}/secrets/hf-token", "secretmanager.versions.access"
+        assert not has_permission(ctx, f"serviceAccount:{sa}", access, secret)  # what a revision's start checks
         binding = {"role": "roles/secretmanager.secretAccessor", "members": [f"serviceAccount:{sa}"]}
         assert http.post(f"{base}/secrets/hf-token:setIamPolicy", json={"policy": {"bindings": [binding]}}).is_success
         assert module.policy("hf-token")["bindings"] == [binding]
-        assert module.can_access("hf-token", sa) and module.can_access("hf-token", f"serviceAccount:{sa}")
-        assert not module.can_access("hf-token", f"{DEFAULT_PROJECT_NUMBER}-compute@developer.gserviceaccount.com")
+        assert has_permission(ctx, f"serviceAccount:{sa}", access, secret)
+        compute_default = f"serviceAccount:{DEFAULT_PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+        assert not has_permission(ctx, compute_default, access, secret)
 
         assert http.post(f"{base}/secrets/hf-token/versions/2:disable", json={}).is_success
         assert module.latest_value("hf-token") is None  # Cloud Run would fail the revision, not fall back

@@ -95,7 +95,9 @@ def deployed_service(sandbox, sandbox_target, services, spec: run_v2.Service, ac
     with config_setter(sandbox, "iam_propagation_seconds") as set_propagation:
         set_propagation(0)  # the account is usable at once (tests/integration/test_iam_propagation.py covers the wait)
         infra.ensure_service_account(target)
-        sandbox.set_caller_roles(roles, member=f"serviceAccount:{target.service_account_email}")
+        # objectViewer: the weights volume (gcsfuse lists the bucket at mount)
+        sandbox.set_caller_roles([*roles, "roles/storage.objectViewer"],
+                                 member=f"serviceAccount:{target.service_account_email}")  # fmt: skip
         spec.template.service_account = target.service_account_email
         polling = clients.operation_polling(sandbox_target)
         service = services.create_service(

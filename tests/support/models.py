@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
+from sandbox.config import SandboxConfig
 from sandbox.safetensors_format import TensorSpec, build_header
+
+# The account a revision without one runs as. A new project grants it no role (the organization policy
+# iam.automaticIamGrantsForDefaultServiceAccounts), so it reads a bucket only once granted there, as here.
+COMPUTE_DEFAULT = f"serviceAccount:{SandboxConfig().project_number}-compute@developer.gserviceaccount.com"
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -41,9 +47,29 @@ def tiny_model_files(seed: int = 0) -> dict[str, bytes]:
     return files
 
 
-def upload_model(storage_client, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
+def upload_model(
+    storage_client, bucket: str, prefix: str, files: dict[str, bytes], readers: Iterable[str] = (COMPUTE_DEFAULT,)
+) -> None:
+    """The files under ``prefix``, in ``bucket`` (created if missing), which ``readers`` (IAM members: the accounts
+    the revisions mounting it run as, since gcsfuse lists the bucket at mount) may read."""
     gcs_bucket = storage_client.bucket(bucket)
     if not gcs_bucket.exists():
         storage_client.create_bucket(bucket, location="us-central1")
     for path, data in files.items():
         gcs_bucket.blob(f"{prefix}/{path}").upload_from_string(data)
+    let_read(storage_client, bucket, readers)
+
+
+def let_read(storage_client, bucket: str, readers: Iterable[str]) -> None:
+    """roles/storage.objectViewer on ``bucket`` for ``readers`` (IAM members), besides whoever has it already."""
+    gcs_bucket = storage_client.bucket(bucket)
+    policy = gcs_bucket.get_iam_policy(requested_policy_version=3)
+    members = set(readers)
+    viewer = next((b for b in policy.bindings if b["role"] == "roles/storage.objectViewer"), None)
+    if not members or (viewer is not None and members <= set(viewer["members"])):
+        return
+    if viewer is None:
+        policy.bindings.append({"role": "roles/storage.objectViewer", "members": members})
+    else:
+        viewer["members"] = set(viewer["members"]) | members
+    gcs_bucket.set_iam_policy(policy)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from google.api_core import exceptions as gexc
 
-from tasks.propagation import is_not_visible_yet, note_grant
+from tasks.cloudrun import GPU_RELEASE_DEADLINE_S, REVISION_NAMES
+from tasks.propagation import DEADLINE_S, is_not_visible_yet, note_grant, redeploy_pauses, unreadable_on_new_grant
 
 EMAIL = "hf-cloudrun-build@acme-ml-prod.iam.gserviceaccount.com"
 
@@ -76,3 +79,42 @@ def test_a_grant_refusal_without_a_grant_of_this_run_is_not_waited_on():
     assert is_not_visible_yet(refusal, other) is False
     note_grant(other)
     assert is_not_visible_yet(refusal, other) is True
+
+
+SECRET_DENIED = (
+    "revision r-1 of s did not become ready: Revision 'r-1' is not ready and cannot serve traffic. Permission denied "
+    "on secret: projects/p/secrets/hf-token/versions/latest for Revision service account {email}. The service "
+    "account used must be granted the 'Secret Manager Secret Accessor' role (roles/secretmanager.secretAccessor) at "
+    "the secret, project or higher level."
+)
+# gcsfuse's mount of the weights bucket, in the revision's log tail (SetUpBucket lists the bucket).
+MOUNT_DENIED = (
+    "revision r-1 of s did not become ready: Revision 'r-1' is not ready and cannot serve traffic. The user-provided "
+    "container failed the configured startup probe checks.\ncontainer log (last lines):\nmountWithArgs: "
+    "mountWithStorageHandle: fs.NewServer: create file system: SetUpBucket: Error in iterating through objects: "
+    "googleapi: Error 403: {email} does not have storage.objects.list access to the Google Cloud Storage bucket. "
+    "Permission 'storage.objects.list' denied on resource (or it may not exist)., forbidden"
+)
+
+
+@pytest.mark.parametrize(
+    ("failure", "unreadable"),
+    [(SECRET_DENIED, "its secret"), (MOUNT_DENIED, "the weights bucket"),
+     ("revision r-1 of s did not become ready: ...\ncontainer log (last lines):\nOSError: no model here", None)],
+)  # fmt: skip
+def test_a_revision_failing_on_a_grant_of_this_run_is_deployed_again_and_no_other(failure, unreadable):
+    email = f"serving-{len(failure)}@acme-ml-prod.iam.gserviceaccount.com"
+    assert unreadable_on_new_grant(failure.format(email=email), email) is None  # no grant of this run yet
+    note_grant(email)
+    assert unreadable_on_new_grant(failure.format(email=email), email) == unreadable
+    # Another account's refusal is not this revision's propagation.
+    assert unreadable_on_new_grant(failure.format(email="other@x.iam.gserviceaccount.com"), email) is None
+
+
+def test_the_redeploys_of_a_propagating_grant_reach_the_deadline_before_the_revision_names_run_out():
+    """Each redeploy takes a new revision name; with deploys taking no time at all, the pauses alone between the
+    REVISION_NAMES deploys outlast the propagation deadline (above Google's "7 minutes or longer") and the wait for a
+    stopped revision's GPU (a replace rollout)."""
+    pauses = list(itertools.islice(redeploy_pauses(), REVISION_NAMES - 1))
+    assert sum(pauses) >= max(DEADLINE_S, GPU_RELEASE_DEADLINE_S), pauses
+    assert pauses[0] <= 1.0  # a quick propagation costs a second, not a minute

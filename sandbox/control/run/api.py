@@ -34,6 +34,7 @@ from sandbox.control.run.dependencies import (
     container_env,
     resolve_image,
     service_account_of,
+    unmountable_volume,
 )
 from sandbox.control.run.egress import Internet
 from sandbox.control.run.frontend import FrontEnd, Routing
@@ -126,6 +127,7 @@ class CloudRun:
         self.instances: dict[str, Instance] = {}  # by full revision name
         self.faults_for_new_services: dict[str, list[dict]] = {}  # by service id, for its first revisions
         self._starting: dict[str, asyncio.Task] = {}
+        self._releasing: list[tuple[str, float]] = []  # (accelerator, monotonic time its GPU is released)
         self._http: httpx.AsyncClient | None = None
         self.jobs = CloudRunJobs(self)  # jobs, executions and tasks (jobs.py); they share the operations here
 
@@ -628,27 +630,32 @@ class CloudRun:
             note=note,
         )
 
+    def _mount_failed(self, record: ServiceRecord, spec: InstanceSpec, revision: run_v2.Revision, reason: str):
+        """A volume that never mounts: the container never starts. Cloud Run's own words for it are not public: the
+        not-ready message, with the reason in the revision's log."""
+        log = self.state_dir / record.service_id / spec.revision
+        log.mkdir(parents=True, exist_ok=True)
+        with (log / "container.log").open("a") as out:
+            out.write(reason + "\n")
+        raise RevisionStartError(
+            res.not_ready_message(spec.revision, spec.container_port, revision.log_uri, None, True),
+            run_v2.Condition.CommonReason.REVISION_FAILED,
+        )
+
     async def _start_instance(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict):
         """Start the revision's containers in dependsOn order: each wave once the previous one passed its startup
         probes (validation.start_waves); the ingress container is the process, sidecars run in-process."""
         spec = await self.internet.wire(self._instance_spec(record, revision, faults), revision)
         self._check_gpu_in_use(revision.name, spec.accelerator)
         if spec.storage_url is not None and spec.mounts:
-            # The Cloud Storage volume's bucket is out of reach (egress.py): the volume never mounts, the container
-            # never starts. Cloud Run's own words for it are not public: the not-ready message, with the reason in
-            # the revision's log.
-            log = self.state_dir / record.service_id / spec.revision
-            log.mkdir(parents=True, exist_ok=True)
-            reason = (
+            # The Cloud Storage volume's bucket is out of reach (egress.py): the volume never mounts.
+            self._mount_failed(record, spec, revision, (
                 "[sandbox] the Cloud Storage volume cannot be mounted: storage.googleapis.com is out of reach "
-                "(all-traffic VPC egress, no Private Google Access on the subnet, no Cloud NAT)\n"
-            )
-            with (log / "container.log").open("a") as out:
-                out.write(reason)
-            raise RevisionStartError(
-                res.not_ready_message(spec.revision, spec.container_port, revision.log_uri, None, True),
-                run_v2.Condition.CommonReason.REVISION_FAILED,
-            )
+                "(all-traffic VPC egress, no Private Google Access on the subnet, no Cloud NAT)"
+            ))  # fmt: skip
+        unmountable = unmountable_volume(self.ctx, spec.mounts, revision.service_account)
+        if unmountable is not None:
+            self._mount_failed(record, spec, revision, unmountable)
         workdir = self.state_dir / record.service_id / spec.revision
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -691,14 +698,17 @@ class CloudRun:
         in-use resources in the region across of your Cloud Run resources"). The refusal is the revision's, in
         Cloud Run's words (GoogleCloudPlatform/magic-modules PR 17149: "Revision '...' is not ready and cannot serve
         traffic. Quota exceeded for total allowable count of GPUs per project per region."). Off by default: the
-        sandbox never idles instances out on its own, so a test session's many services would hold every GPU."""
+        sandbox never idles instances out on its own, so a test session's many services would hold every GPU. A
+        stopped instance's GPU counts for ``gpu_release_seconds`` more (config.py, with its source)."""
         if not accelerator or not self.config.runtime_gpu_quota:
             return
+        now = time.monotonic()
+        self._releasing = [(gpu, until) for gpu, until in self._releasing if until > now]
         in_use = sum(
             1
             for name, instance in self.instances.items()
             if name != revision_name and instance.running and instance.spec.accelerator == accelerator
-        )
+        ) + sum(1 for gpu, _ in self._releasing if gpu == accelerator)
         if in_use >= self.config.gpu_quota.get(accelerator, 0):
             short = revision_name.rsplit("/", 1)[1]
             raise RevisionStartError(
@@ -755,7 +765,12 @@ class CloudRun:
     async def _stop_instance(self, revision_name: str) -> None:
         instance = self.instances.pop(revision_name, None)
         if instance is not None:
+            held_gpu = instance.running and instance.spec.accelerator
             await instance.stop()
+            if held_gpu and self.config.gpu_release_seconds:
+                # Its GPU counts against the quota a while longer (config.gpu_release_seconds).
+                until = time.monotonic() + self.config.gpu_release_seconds * self.config.time_scale
+                self._releasing.append((instance.spec.accelerator, until))
 
     async def _serve_frontend(self, record: ServiceRecord, tag: str) -> ServedApp:
         if self._http is None:

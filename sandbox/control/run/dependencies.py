@@ -1,8 +1,9 @@
-"""What a Cloud Run revision depends on in other APIs: its image, service account, VPC and secrets.
+"""What a Cloud Run revision depends on in other APIs: its image, service account, VPC, secrets and volumes.
 
 Admission checks (image, service account, VPC) fail the request with 400 as Cloud Run does; secrets are
 resolved when an instance starts, and a service account without access fails the revision
-(SECRETS_ACCESS_CHECK_FAILED), with the message Cloud Run gives.
+(SECRETS_ACCESS_CHECK_FAILED), with the message Cloud Run gives; a Cloud Storage volume whose bucket the account
+cannot list never mounts (``unmountable_volume``).
 """
 
 from __future__ import annotations
@@ -131,3 +132,27 @@ def container_env(ctx: ControlContext, container: run_v2.Container, service_acco
             )
         env[var.name] = value.decode()
     return env
+
+
+def unmountable_volume(ctx: ControlContext, mounts: list[dict], service_account: str) -> str | None:
+    """gcsfuse's error for the first Cloud Storage volume the revision's account cannot mount, else None.
+
+    gcsfuse lists the bucket when it mounts it (SetUpBucket: "Error in iterating through objects", gcsfuse's
+    internal/storage/bucket_handle.go and its SetUpBucket tests), so a bucket the account cannot list fails the
+    mount, and the instance never starts (GoogleCloudPlatform/ai-on-gke issue 488 shows the chain on GKE's gcsfuse
+    sidecar). The account's grant counts once it has propagated (sandbox.authz.propagation), so a revision deployed
+    right after its account was granted the bucket fails too. Cloud Storage's 403 words are DataBiosphere/terra-cli's
+    MountHandlerTest's. Unconfirmed: that Cloud Run copies gcsfuse's error into the revision's log (its own words
+    for a failed mount are not public).
+    """
+    for mount in mounts:
+        bucket = mount["bucket"]
+        if not has_permission(ctx, f"serviceAccount:{service_account}", "storage.objects.list",
+                              f"projects/_/buckets/{bucket}"):  # fmt: skip
+            return (
+                "mountWithArgs: mountWithStorageHandle: fs.NewServer: create file system: SetUpBucket: Error in "
+                f"iterating through objects: googleapi: Error 403: {service_account} does not have "
+                "storage.objects.list access to the Google Cloud Storage bucket. Permission 'storage.objects.list' "
+                "denied on resource (or it may not exist)., forbidden"
+            )
+    return None

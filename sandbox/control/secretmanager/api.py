@@ -7,8 +7,8 @@ project by id or number. Etag mismatches are 409 ABORTED; accessing a version th
 400 FAILED_PRECONDITION "Secret Version [...] is in DISABLED state.", as on GCP.
 
 Payloads never leave through the admin API: ``/_sandbox/secretmanager/state`` lists secrets and versions
-without them. Other modules read values through ``value`` / ``latest_value`` and check grants with
-``policy`` / ``can_access``.
+without them. Other modules read values through ``value`` / ``latest_value``; who may read them is
+``sandbox.authz.has_permission``'s answer, from the project's and the secret's ``policy``.
 """
 
 from __future__ import annotations
@@ -48,9 +48,6 @@ LOCATION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 MAX_PAYLOAD_BYTES = 65536
 MAX_LABELS = 64
 MAX_PAGE_SIZE = 25000
-# Roles that carry secretmanager.versions.access on a secret.
-ACCESS_ROLES = ("roles/secretmanager.secretAccessor", "roles/secretmanager.admin", "roles/owner")
-PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
 # Secret fields an update mask may name (camelCase as the client sends them -> proto field).
 UPDATABLE = {
     "labels": "labels",
@@ -123,19 +120,6 @@ class SecretManager:
         body = (record.policy if record else ResourcePolicy()).to_json()
         body.setdefault("bindings", [])
         return body
-
-    def can_access(self, secret_name: str, member: str) -> bool:
-        """Whether ``member`` (``serviceAccount:...``; a bare email means a service account) may read values.
-
-        Only the secret's own policy counts: the sandbox keeps no project-level IAM.
-        """
-        record, _ = self._lookup(secret_name)
-        if record is None:
-            return False
-        if ":" not in member and member not in PUBLIC_MEMBERS:
-            member = f"serviceAccount:{member}"
-        granted = set().union(*(record.policy.members_of(role) for role in ACCESS_ROLES))
-        return member in granted or bool(granted & set(PUBLIC_MEMBERS))
 
     # Routing ------------------------------------------------------------------------------------------------
     def routes(self) -> list[BaseRoute]:

@@ -1,0 +1,78 @@
+"""A TCP relay to a local server that a test can cut and mend: an outage of that server as its clients see it (every
+connection dropped, new ones closed at once), without stopping the server itself."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+
+class CuttableProxy:
+    """Relays 127.0.0.1:``port`` to ``target_port``; ``cut()`` drops every connection until ``mend()``."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._cut = threading.Event()
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True, name="cuttable-proxy").start()
+
+    def cut(self) -> None:
+        self._cut.set()
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def mend(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            if self._cut.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open |= {client, upstream}
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            with self._lock:
+                self._open.discard(source)
+            source.close()
+
+
+@contextlib.contextmanager
+def cuttable_proxy(target_port: int) -> Iterator[CuttableProxy]:
+    proxy = CuttableProxy(target_port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
