@@ -30,6 +30,7 @@ from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.cloudrun import (
     CANDIDATE_TAG,
     Candidate,
+    revision_names,
     run_abandon_candidate,
     run_deploy_candidate,
     run_verify_candidate,
@@ -322,11 +323,12 @@ def _promote(
             lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
             stopped = _stop_for_replace(target, service_id, spec, delivery)
             try:
-                candidate = run_deploy_candidate(target, service_id, spec, gpu_freed=stopped is not None)
+                candidate = run_deploy_candidate(
+                    target, service_id, spec, gpu_freed=stopped is not None, before_retry=lock.fence
+                )
             except Exception:
-                if stopped is not None:  # the old revision serves again, from a cold start on the freed GPU
-                    run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
-                    report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
+                if stopped is not None:
+                    _resume_after_failed_replace(report, target, service_id, stopped, profile, lock)
                 raise
             report.candidate_url = candidate.url if not candidate.unchanged else None
             report.service_url = candidate.service_url
@@ -393,10 +395,12 @@ def _candidate_quota(
 
 
 class Stopped(NamedTuple):
-    """A service a replace rollout stopped: the scaling to resume with, and when it stopped serving."""
+    """A service a replace rollout stopped: the scaling to resume with, when it stopped serving, and the traffic it
+    served then."""
 
     scaling: run_v2.ServiceScaling
     at: float  # time.monotonic()
+    serving: list[tuple[str, int]]
 
     @property
     def since(self) -> float:
@@ -412,14 +416,32 @@ def _stop_for_replace(target: GcpTarget, service_id: str, spec: run_v2.Service, 
         serving = serving_traffic(target, service_id)
     except gexc.NotFound:
         return None
-    if not serving or serving == [(spec.template.revision, 100)]:
-        return None
-    stopped = Stopped(run_stop_serving(target, service_id), time.monotonic())
+    if not serving or (len(serving) == 1 and serving[0][0] in revision_names(spec.template.revision)):
+        return None  # it serves this spec already (under a later name when earlier tries failed): nothing to replace
+    stopped = Stopped(run_stop_serving(target, service_id), time.monotonic(), serving)
     run_logger().warning(
         "replace rollout: %s serves nothing from now until %s takes its traffic (the GPU quota holds one of them)",
         service_id, spec.template.revision,
     )  # fmt: skip
     return stopped
+
+
+def _resume_after_failed_replace(
+    report: PromotionReport, target: GcpTarget, service_id: str, stopped: Stopped, profile: ServingProfile,
+    lock: ServiceLock,
+) -> None:  # fmt: skip
+    """The candidate never started: the old revision serves again (a cold start on the freed GPU). A failure here is
+    logged, not raised: the candidate's failure is the run's story."""
+    try:
+        fenced(lock, target, service_id, stopped.serving, "resume the old revision")
+        run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
+    except Exception as exc:
+        run_logger().error(
+            "replace rollout: %s could not be switched back to automatic scaling (%s); it serves nothing until this "
+            "promotion runs again (a rerun finds it stopped and resumes it)", service_id, exc,
+        )  # fmt: skip
+        return
+    report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
 
 
 def _replace(

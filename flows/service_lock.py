@@ -33,6 +33,7 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.objects import ConcurrencyLeaseHolder
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from tasks.logs import run_logger
 
@@ -144,7 +145,7 @@ class ServiceLock:
                     ) from exc
                 time.sleep(pause)
                 pause = min(pause * 2, RETRY_CAP_S)
-        self._outage_ended()  # the server answered: it no longer knows the lease
+        self._outage_ended(renewed=False)  # the server answered: it no longer knows the lease
         log = run_logger()
         # The lease lapsed: this run held no lock for a while, and another run may have changed the service.
         lapsed_for = time.monotonic() - self._last_renewed
@@ -166,13 +167,19 @@ class ServiceLock:
             run_logger().warning("service lock %s: renewal failed (%s); retrying until the server answers", self.name,
                                  exc)  # fmt: skip
 
-    def _outage_ended(self) -> None:
+    def _outage_ended(self, renewed: bool = True) -> None:
         if self._outage_since is not None:
-            run_logger().info("service lock %s: renewed again after %.0f s", self.name,
-                              time.monotonic() - self._outage_since)  # fmt: skip
+            run_logger().info("service lock %s: the server answers again after %.0f s%s", self.name,
+                              time.monotonic() - self._outage_since, "; renewed" if renewed else "")  # fmt: skip
             self._outage_since = None
 
     def _renew_in_background(self) -> None:
+        # One short try per turn: the client's own retries (PREFECT_CLIENT_MAX_RETRIES, backing off for a minute) and
+        # its 60 s request timeout would hold the mutex, and a fence waiting on it, for minutes of an outage.
+        with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0, PREFECT_API_REQUEST_TIMEOUT: RENEW_EVERY_S}):
+            self._renew_turns()
+
+    def _renew_turns(self) -> None:
         while not self._stop.wait(RENEW_EVERY_S):
             with self._mutex, get_client(sync_client=True) as client:
                 if self._stop.is_set():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 
 from google.api_core import exceptions as gexc
 from google.cloud import run_v2
@@ -37,9 +38,14 @@ PROMOTED_FIELDS = ["template", "traffic", "labels", "ingress", "invoker_iam_disa
 
 
 # Names one revision spec may take (``wanted``, ``wanted-2``, ...: a failed revision keeps its name): enough for the
-# redeploys of a grant that takes Google's worst case to propagate (tasks/propagation.redeploy_pauses), a bound on
-# reruns of a spec that keeps failing.
+# redeploys of a grant that takes Google's worst case to propagate (tasks/propagation.redeploy_pauses) when a run
+# starts with them all free, a bound on reruns of a spec that keeps failing (they share the names).
 REVISION_NAMES = 20
+
+
+def revision_names(wanted: str) -> list[str]:
+    """The names a revision of the spec named ``wanted`` may have, in the order deploys take them."""
+    return [wanted, *(f"{wanted[:60]}-{attempt}" for attempt in range(2, REVISION_NAMES + 1))]
 
 
 class DeployFailed(RuntimeError):
@@ -152,8 +158,7 @@ def _failure_details(target: GcpTarget, service_id: str, revision: str, error: E
 def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tuple[str, run_v2.Revision | None]:
     """``wanted``, or ``wanted-2``... when an earlier attempt left a failed revision under that name."""
     revisions = clients.run_revisions(target)
-    for attempt in range(1, REVISION_NAMES + 1):
-        name = wanted if attempt == 1 else f"{wanted[:60]}-{attempt}"
+    for name in revision_names(wanted):
         try:
             existing = revisions.get_revision(
                 name=f"{service_path(target, service_id)}/revisions/{name}", retry=GCP_RETRY
@@ -535,12 +540,14 @@ GPU_RELEASE_DEADLINE_S = 360.0
 
 
 def deploy_when_startable(
-    target: GcpTarget, service_id: str, spec: run_v2.Service, gpu_freed: bool = False
-) -> Candidate:
+    target: GcpTarget, service_id: str, spec: run_v2.Service, gpu_freed: bool = False,
+    before_retry: Callable[[], object] | None = None,
+) -> Candidate:  # fmt: skip
     """``deploy_candidate``, made again (a new revision: the failed one keeps its name) while its revision fails only
     because this run's grant to its account (its secret, the weights bucket) has not taken effect yet
     (tasks/propagation.py), or, after a replace rollout stopped the serving revision (``gpu_freed``), because Cloud
-    Run has not released that revision's GPU yet; logged, bounded."""
+    Run has not released that revision's GPU yet; logged, bounded. ``before_retry`` runs before each new deploy (the
+    flow's lock fence: the waits can last minutes)."""
     email = spec.template.service_account
     started = time.monotonic()
     pauses = propagation.redeploy_pauses()
@@ -565,6 +572,8 @@ def deploy_when_startable(
             else:
                 raise
             time.sleep(pause)
+            if before_retry is not None:
+                before_retry()
 
 
 run_deploy_candidate = task(name="run_deploy_candidate")(deploy_when_startable)

@@ -25,7 +25,8 @@ Until then:
   at mount and fails with "SetUpBucket: Error in iterating through objects: googleapi: Error 403: X does not have
   storage.objects.list access to the Google Cloud Storage bucket ..." in the revision's log (gcsfuse's SetUpBucket;
   GoogleCloudPlatform/ai-on-gke issue 488). Either way the deploy is made again (a new revision) until the grant
-  has taken effect.
+  has taken effect. Unconfirmed: that Cloud Run puts gcsfuse's error in the revision's log, and in time for the
+  failure's log tail; without it the deploy fails at once with the revision's log tail, and a rerun passes.
 
 Terraform sleeps a fixed 10 s after creating an account (magic-modules PR 10813) and still sees these errors;
 here the step retries exactly those answers, with exponential backoff, a deadline above the documented worst case,

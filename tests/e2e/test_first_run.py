@@ -94,7 +94,7 @@ def test_a_revision_that_cannot_mount_its_weights_bucket_yet_is_deployed_again_o
     n = next(_ids)
     target = flow_env.model_copy(update={"service_account_name": f"mount-wait-sa-{n}"})
     target.save(f"e2e-mount-wait-{n}", overwrite=True)
-    grant_propagation(1000)  # 10 s at the default clock: far longer than the ensure step and the deploy take here
+    grant_propagation(2000)  # 20 s at the default clock: far longer than the steps from the grant to the deploy
     with run_logs() as log:
         report = promote(f"e2e-mount-wait-{n}", target=f"e2e-mount-wait-{n}")
     assert report.outcome == "promoted", report.reason

@@ -99,7 +99,7 @@ def test_replace_waits_while_cloud_run_releases_the_stopped_revisions_gpu(sb, fl
     service = f"replace-release-{next(_ids)}"
     old = promote(service, profile=RTX).serving_revision
     before = sb.configure()["gpu_release_seconds"]
-    sb.configure(gpu_release_seconds=300)  # 3 s at the default clock
+    sb.configure(gpu_release_seconds=1500)  # 15 s at the default clock: far longer than the stop-to-deploy steps
     try:
         with run_logs() as log:
             report = promote(service, profile=RTX, revision="dev", rollout="replace")
@@ -114,6 +114,11 @@ def test_replace_waits_while_cloud_run_releases_the_stopped_revisions_gpu(sb, fl
     assert len(refused) == len(waits), (refused, waits)  # each refused try logged, then a new revision served
     assert running(sb, service) == [report.serving_revision]
     assert report.downtime is not None and "replace rollout" in report.downtime
+    # Run again: the spec serves already, under its later name, so nothing is stopped.
+    again = promote(service, profile=RTX, revision="dev", rollout="replace")
+    assert (again.outcome, again.serving_revision, again.downtime) == ("unchanged", report.serving_revision, None)
+    assert run_service(flow_env, service).scaling.scaling_mode.name == "AUTOMATIC"
+    assert running(sb, service) == [report.serving_revision]
 
 
 def test_a_replace_candidate_that_never_starts_leaves_the_old_revision_serving_again(sb, flow_env, one_rtx_gpu):

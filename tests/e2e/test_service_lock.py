@@ -130,12 +130,15 @@ def test_a_fence_during_a_prefect_server_outage_gives_up_at_the_locks_timeout_in
         settings = {PREFECT_API_URL: via_proxy, PREFECT_CLIENT_MAX_RETRIES: 0}
         with temporary_settings(settings), held(name, timeout_s=5) as lock:
             proxy.cut()
-            wait_until(lambda: "renewal failed" in caplog.text, 120, "the renewal thread to meet the outage")
-            with ThreadPoolExecutor(1) as pool:
+            pool = ThreadPoolExecutor(1)
+            try:
+                wait_until(lambda: "renewal failed" in caplog.text, 120, "the renewal thread to meet the outage")
                 fenced = pool.submit(contextvars.copy_context().run, lock.fence)  # the proxied settings too
                 with pytest.raises(ServiceLockTimeout, match=r"could not be renewed .* made no change after that"):
                     fenced.result(timeout=120)
-            proxy.mend()
+            finally:
+                proxy.mend()  # a fence still waiting (the bug) ends once the server answers, and the test with it
+                pool.shutdown(wait=False)
             lock.fence()  # renewed, or taken again if the lease lapsed meanwhile: held either way
             with get_client(sync_client=True) as client:
                 assert client.read_global_concurrency_limit_by_name(name).active_slots == 1

@@ -22,8 +22,8 @@ class CuttableProxy:
         threading.Thread(target=self._accept, daemon=True, name="cuttable-proxy").start()
 
     def cut(self) -> None:
-        self._cut.set()
         with self._lock:
+            self._cut.set()
             for sock in self._open:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
@@ -33,6 +33,8 @@ class CuttableProxy:
 
     def close(self) -> None:
         self.cut()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not on Linux)
         self._listener.close()
 
     def _accept(self) -> None:
@@ -41,15 +43,17 @@ class CuttableProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # closed
-            if self._cut.is_set():
-                client.close()
-                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=10)
+                upstream.settimeout(None)  # the timeout was for connecting: a slow answer is no outage
             except OSError:
                 client.close()
                 continue
-            with self._lock:
+            with self._lock:  # cut() shuts what is registered under the same lock: none slips through
+                if self._cut.is_set():
+                    client.close()
+                    upstream.close()
+                    continue
                 self._open |= {client, upstream}
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
