@@ -351,9 +351,8 @@ def _promote(
                 except Exception:
                     fenced(lock, target, service_id, candidate.left_serving, "abandon the candidate")
                     run_abandon_candidate(target, service_id, candidate)
-                    if stopped is not None:  # the old revision serves again, from a cold start on the freed GPU
-                        run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
-                        report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
+                    if stopped is not None:
+                        _resume_old_revision(report, target, service_id, stopped, profile)
                     raise
             if stopped is not None:
                 _replace(report, target, service_id, candidate, delivery, samples, lock, stopped, profile)
@@ -434,13 +433,20 @@ def _resume_after_failed_replace(
     logged, not raised: the candidate's failure is the run's story."""
     try:
         fenced(lock, target, service_id, stopped.serving, "resume the old revision")
-        run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
+        _resume_old_revision(report, target, service_id, stopped, profile)
     except Exception as exc:
         run_logger().error(
             "replace rollout: %s could not be switched back to automatic scaling (%s); it serves nothing until this "
             "promotion runs again (a rerun finds it stopped and resumes it)", service_id, exc,
         )  # fmt: skip
-        return
+
+
+def _resume_old_revision(
+    report: PromotionReport, target: GcpTarget, service_id: str, stopped: Stopped, profile: ServingProfile
+) -> None:
+    """The candidate of a replace rollout is abandoned: automatic scaling again, and the old revision serves from a
+    cold start on the freed GPU; the report says what the stop cost."""
+    run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
     report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
 
 

@@ -158,7 +158,8 @@ def _failure_details(target: GcpTarget, service_id: str, revision: str, error: E
 def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tuple[str, run_v2.Revision | None]:
     """``wanted``, or ``wanted-2``... when an earlier attempt left a failed revision under that name."""
     revisions = clients.run_revisions(target)
-    for name in revision_names(wanted):
+    names = revision_names(wanted)
+    for name in names:
         try:
             existing = revisions.get_revision(
                 name=f"{service_path(target, service_id)}/revisions/{name}", retry=GCP_RETRY
@@ -167,9 +168,7 @@ def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tupl
             return name, None
         if _ready(existing):
             return name, existing
-    raise InfraError(
-        f"revisions {wanted} to {wanted}-{REVISION_NAMES} of {service_id} all failed; change the profile or weights"
-    )
+    raise InfraError(f"revisions {names[0]} to {names[-1]} of {service_id} all failed; change the profile or weights")
 
 
 def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
@@ -558,19 +557,14 @@ def deploy_when_startable(
             waited = time.monotonic() - started
             unreadable = propagation.unreadable_on_new_grant(str(exc), email)
             if unreadable is not None and waited < propagation.DEADLINE_S:
-                pause = next(pauses)
-                run_logger().info(
-                    "the revision's account %s cannot read %s yet: this run granted it moments ago (IAM propagation, "
-                    "typically 2 minutes, up to 7 or more); deploying again in %.0f s", email, unreadable, pause,
-                )  # fmt: skip
+                why = (f"the revision's account {email} cannot read {unreadable} yet: this run granted it moments ago "
+                       "(IAM propagation, typically 2 minutes, up to 7 or more)")  # fmt: skip
             elif gpu_freed and GPU_QUOTA_REFUSAL in str(exc) and waited < GPU_RELEASE_DEADLINE_S:
-                pause = next(pauses)
-                run_logger().info(
-                    "Cloud Run has not released the stopped revision's GPU yet (%s); deploying again in %.0f s",
-                    GPU_QUOTA_REFUSAL, pause,
-                )  # fmt: skip
+                why = f"Cloud Run has not released the stopped revision's GPU yet ({GPU_QUOTA_REFUSAL})"
             else:
                 raise
+            pause = next(pauses)
+            run_logger().info("%s; deploying again in %.0f s", why, pause)
             time.sleep(pause)
             if before_retry is not None:
                 before_retry()

@@ -12,6 +12,7 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import httpx
 from google.cloud import run_v2
@@ -630,7 +631,9 @@ class CloudRun:
             note=note,
         )
 
-    def _mount_failed(self, record: ServiceRecord, spec: InstanceSpec, revision: run_v2.Revision, reason: str):
+    def _mount_failed(
+        self, record: ServiceRecord, spec: InstanceSpec, revision: run_v2.Revision, reason: str
+    ) -> NoReturn:
         """A volume that never mounts: the container never starts. Cloud Run's own words for it are not public: the
         not-ready message, with the reason in the revision's log."""
         log = self.state_dir / record.service_id / spec.revision
