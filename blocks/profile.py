@@ -149,6 +149,13 @@ class ServingProfile(Block):
         "metrics for this many sampling periods (Cloud Run samples every 60 s: 10 is 10 minutes) and move traffic "
         "back on a breach; 0 = no watch.",
     )
+    watch_without_traffic: Literal["skip", "load"] = Field(
+        "skip",
+        description="When the serving revision had fewer requests than the watch's min_requests over the last watch "
+        "window (a quiet service, a weekend), the watch would end 'too little traffic, not judged' after waiting its "
+        "whole window. 'skip': say so and promote without it. 'load': send the verify step's own chat completion "
+        "min_requests times to the candidate at each step, and judge those.",
+    )
     metrics: Literal["none", "vllm"] = Field(
         "none",
         description="'vllm': run Google's Managed Service for Prometheus sidecar beside vLLM, so the watch judges "

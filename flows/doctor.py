@@ -2,9 +2,11 @@
 
     python -m flows.doctor --target production [--profile l4] [--service NAME]
 
-Each check is its own Prefect task (the run graph shows them side by side); the results are printed as a table
-and published as a table artifact, every row with the command that fixes it. Exit code 0 when nothing failed
-(warnings allowed), 1 otherwise. promote-model runs the same checks first when the target sets
+Each check is its own Prefect task (the run graph shows them side by side); the results are printed one line per
+check, then the fixes, each once, ending with one copyable block of ``gcloud projects add-iam-policy-binding``
+commands for every role the caller lacks; the rows are also published as a table artifact. A run with a failed check
+ends Failed with a one-line message (a returned Failed state: Prefect logs no traceback for findings). Exit code 0
+when nothing failed (warnings allowed), 1 otherwise. promote-model runs the same checks first when the target sets
 ``doctor_before_promote``.
 """
 
@@ -13,15 +15,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prefect import flow, task
+from prefect import State, flow, task
 from prefect.artifacts import create_table_artifact
+from prefect.states import Failed
 
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from flows.common import load_profile, load_target
+from tasks import clients
 from tasks import doctor as checks
 from tasks.doctor import Check, DoctorFailed
 from tasks.progress import artifact_key
+
+
+@task(name="doctor_check_project_access")
+def doctor_check_project_access(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """The project exists and the caller may see it (roles/browser on a bare project)."""
+    return [checks.check_project_access(target)]
 
 
 @task(name="doctor_check_apis")
@@ -92,6 +102,7 @@ def doctor_check_bucket(target: GcpTarget, profile: ServingProfile) -> list[Chec
 
 # Each task takes (target, profile) and returns its rows; the table keeps this order.
 CHECK_TASKS = [
+    doctor_check_project_access,
     doctor_check_apis,
     doctor_check_permissions,
     doctor_check_doctor_permissions,
@@ -114,57 +125,102 @@ def run_checks(target: GcpTarget, profile: ServingProfile) -> list[Check]:
         try:
             rows += future.result()
         except Exception as exc:  # a bug or an outage in one check must not hide the others
-            rows.append(Check(name=check.name.removeprefix("doctor_check_"), status="fail", detail=f"crashed: {exc}"))
+            detail = f"crashed: {checks.google_text(exc)}"
+            rows.append(Check(name=check.name.removeprefix("doctor_check_"), status="fail", detail=detail))
     return rows
 
 
-def table(rows: list[Check]) -> str:
-    """The rows as a fixed-width text table for the terminal."""
-    header = ("check", "status", "detail", "fix")
-    lines = [(r.name, r.status.upper(), r.detail, r.fix) for r in rows]
-    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) if i < 2 else 0 for i in range(4)]
-    out = [f"{header[0]:<{widths[0]}}  {header[1]:<{widths[1]}}  {header[2]}"]
-    for name, status, detail, fix in lines:
-        out.append(f"{name:<{widths[0]}}  {status:<{widths[1]}}  {detail}")
-        if fix:
-            out.append(f"{'':<{widths[0]}}  {'':<{widths[1]}}  fix: {fix}")
-    return "\n".join(out)
+def table(rows: list[Check]) -> list[str]:
+    """One line per check: status, name, and the row's short text (its fix is printed once, below the table)."""
+    width = max(len(r.name) for r in rows)
+    return [f"{r.status.upper():<4}  {r.name:<{width}}  {r.line}" for r in rows]
+
+
+def fix_lines(rows: list[Check], target: GcpTarget) -> list[str]:
+    """Every fix once: the failed and warned rows' own fixes, then one block granting every role the failed rows
+    ask for (the member the target's credentials name, else the gcloud account), so the report ends with it."""
+    failed = sum(r.status == "fail" for r in rows)
+    warned = sum(r.status == "warn" for r in rows)
+    lines = [f"{failed} of {len(rows)} checks failed" + (f", {warned} warned." if warned else ".")]
+    others = checks.other_fixes(rows)
+    if others:  # prose fixes as shell comments, so the whole section pastes into a shell
+        lines += ["", "Fixes:", *(f if f.startswith("gcloud ") else f"# {f}" for f in others)]
+    roles = checks.roles_to_grant(rows)
+    if roles:
+        lines += ["", f"Roles to grant on {target.project} to the identity that runs doctor and the flows, then run "
+                  "doctor again:", *checks.grant_block(target.project, roles, clients.principal(target))]  # fmt: skip
+    return lines
+
+
+def report(rows: list[Check], target: GcpTarget, profile: str | None = None) -> str:
+    """What the terminal shows: a heading, the table, and (when anything is to fix) the fixes, grants last."""
+    heading = f"doctor: project {target.project}, region {target.region}" + (f", profile {profile}" if profile else "")
+    fixes = fix_lines(rows, target) if any(r.status != "ok" for r in rows) else []
+    return "\n".join([heading, *table(rows), *(["", *fixes] if fixes else [])])
 
 
 def publish(rows: list[Check], target: GcpTarget, service: str | None) -> None:
-    """The table artifact the UI shows on the run."""
+    """The table artifact the UI shows on the run (name, status, detail, fix: the whole detail, not the line)."""
     create_table_artifact(
-        [r.model_dump() for r in rows],
+        [r.model_dump(include={"name", "status", "detail", "fix"}) for r in rows],
         key=artifact_key(f"doctor-{target.project}-{target.region}"),
         description=f"doctor: {target.project} / {target.region}" + (f" / {service}" if service else ""),
     )
 
 
-def check_project(target: GcpTarget, profile: ServingProfile, service: str | None = None) -> list[Check]:
-    """Run, print and publish every check; raise DoctorFailed when any failed (promote-model's first step)."""
+def examine(target: GcpTarget, profile: ServingProfile, service: str | None, profile_name: str | None) -> list[Check]:
+    """Run every check, print the report (one print: a single log record, so the block below its first line has
+    no log prefix and copies as it is) and publish the artifact."""
     rows = run_checks(target, profile)
-    print(table(rows))
+    print(report(rows, target, profile_name))
     publish(rows, target, service)
-    if any(r.status == "fail" for r in rows):
-        raise DoctorFailed(rows)
     return rows
 
 
+def failure(rows: list[Check], target: GcpTarget) -> DoctorFailed:
+    """The error for failed rows, carrying the same fixes the report printed (grants as one block, last)."""
+    roles = checks.roles_to_grant(rows)
+    grants = checks.grant_block(target.project, roles, clients.principal(target)) if roles else []
+    return DoctorFailed(rows, checks.other_fixes(rows) + grants)
+
+
+def check_project(target: GcpTarget, profile: ServingProfile, service: str | None = None) -> list[Check]:
+    """Run, print and publish every check; raise DoctorFailed when any failed (promote-model's first step)."""
+    rows = examine(target, profile, service, None)
+    if any(r.status == "fail" for r in rows):
+        raise failure(rows, target)
+    return rows
+
+
+def final_message(rows: list[Check]) -> str:
+    """The run's one-line final state: the report above says the rest."""
+    failed = sum(r.status == "fail" for r in rows)
+    roles = len(checks.roles_to_grant(rows))
+    to_do = f"{roles} role{'s' if roles > 1 else ''} to grant above" if roles else "fixes above"
+    return f"{failed} check{'s' if failed > 1 else ''} failed; {to_do}"
+
+
 @flow(name="doctor", log_prints=True)
-def doctor(target: str, profile: str = "l4", service: str | None = None) -> list[Check]:
+def doctor(target: str, profile: str = "l4", service: str | None = None) -> list[Check] | State:
     """Check a GCP project read-only before a promotion spends anything.
 
-    APIs enabled, the deployer's permissions and actAs on the runtime service account, the GPU offered in the region
-    and its quota against max_instances, organisation policies (resource locations, Cloud Run ingress and VPC
-    egress, domain-restricted sharing), the build identity, and an existing bucket's location. Every row carries
-    the command that fixes it. Returns the rows; the run fails when any check failed.
+    Project access, APIs enabled, the deployer's permissions and actAs on the runtime service account, the GPU offered
+    in the region and its quota against max_instances, organisation policies (resource locations, Cloud Run ingress and
+    VPC egress, domain-restricted sharing), the build identity, and an existing bucket's location. Prints one line per
+    check, then each fix once and the roles to grant as one block. Returns the rows; when a check failed, a Failed
+    state whose message is one line (calling the flow raises DoctorFailed, with the rows, from it).
     """
     gcp = load_target(target)
-    serving = load_profile(profile)
-    return check_project(gcp, serving, service)
+    rows = examine(gcp, load_profile(profile), service, profile)
+    if any(r.status == "fail" for r in rows):
+        # Returned, not raised: a raised exception is logged at ERROR with its traceback and again in the final state,
+        # which for findings only repeats the report above.
+        return Failed(message=final_message(rows), data=failure(rows, gcp))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.doctor``: 0 when no check failed, 1 when one did (the report above says what to do)."""
     parser = argparse.ArgumentParser(prog="python -m flows.doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="GcpTarget block name")
     parser.add_argument("--profile", default="l4", help="preset (l4, rtx-pro-6000, cpu) or ServingProfile block")

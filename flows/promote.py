@@ -22,7 +22,7 @@ from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
-from flows.delivery import Delivery, deliver, fenced, watch_promoted
+from flows.delivery import Delivery, at_100, deliver, fenced, watch_plan, watch_promoted
 from flows.doctor import check_project
 from flows.service_lock import ServiceLock
 from tasks import access, act_as, build_identity, clients, infra, verdicts
@@ -32,13 +32,14 @@ from tasks.cloudrun import (
     Candidate,
     revision_names,
     run_abandon_candidate,
+    run_check_candidate_verdict,
     run_deploy_candidate,
     run_verify_candidate,
     service_id_for,
     service_path,
     serving_traffic,
 )
-from tasks.cost import estimate
+from tasks.cost import WatchPlan, estimate
 from tasks.delivery import (
     WatchOptions,
     check_canary,
@@ -186,6 +187,7 @@ def promote_model(
     dry_run: bool = False,
     warm_hours_per_week: float | None = None,
     spec_file: str | None = None,
+    force: bool = False,
 ) -> PromotionReport:
     """Promote a Hugging Face model to a healthy vLLM revision on Cloud Run GPUs.
 
@@ -202,7 +204,43 @@ def promote_model(
     `dry_run` stops after preflight and rendering and shows the plan, the gcloud equivalent and the Cloud Build
     YAML. `spec_file` (a file in deployments/) supplies any parameter not given; without either, revision is main,
     profile l4, target production. The report's cost assumes the file's business hours (`schedule:`, default 55 h
-    a week) unless `warm_hours_per_week` is given.
+    a week) unless `warm_hours_per_week` is given; a service promoted by parameters alone, with no schedule, is priced
+    as its min_instances runs it. A first deploy is not watched, nor a service with too little traffic to judge (the
+    profile's watch_without_traffic: skip, or load); the report says which.
+
+    Args:
+        model: The Hub repo id to serve, e.g. google/gemma-4-E2B-it; empty to take the spec_file's.
+        revision: The Hub branch, tag or commit; weights are staged per resolved commit (default main).
+        profile: A preset (l4, rtx-pro-6000, cpu) or a saved ServingProfile block: GPU, resources, vLLM flags
+            (default l4).
+        target: The GcpTarget block that names the project and region (default production, which bootstrap saves).
+        service: The Cloud Run service to deploy to; default a name made from the model id.
+        image: A pinned prebuilt vLLM image to serve with, instead of the profile's image strategy.
+        build: How to build the image with Cloud Build (a recipe, a git URL at a ref, or a local folder), instead
+            of the profile's image strategy.
+        load_mode: How weights reach vLLM: gcs-volume (a Cloud Storage volume mount) or runai-streamer (streamed
+            from gs://); default the profile's.
+        token_secret_block: The Secret block holding the Hub token, needed for gated models such as Gemma
+            (bootstrap saves hf-token from HF_TOKEN).
+        hub_endpoint: Another Hub endpoint (a mirror); default huggingface.co.
+        allow_patterns: Globs of the repo's files to stage (e.g. ["*.safetensors", "*.json"]), replacing the default
+            selection: safetensors weights, config, tokenizer and chat-template files.
+        ignore_patterns: Globs of the repo's files not to stage, taken out of either selection.
+        verify: What the candidate must show before it takes traffic: health window and cadence, the chat prompt,
+            an optional load test and its SLO.
+        canary: Traffic steps in percent before 100, e.g. [10, 50]; each step is watched. Empty moves all at once.
+        watch: How each traffic step is watched: Cloud Monitoring sampling periods (0 turns the watch off) and the
+            SLO (error ratio, request p95) a breach of which rolls traffic back.
+        rollout: zero-downtime (the candidate starts beside the serving revision) or replace (the serving revision
+            stops first, for a GPU quota that cannot hold both).
+        dry_run: Stop after preflight and rendering: show the plan, the gcloud equivalent and the Cloud Build YAML,
+            and change nothing.
+        warm_hours_per_week: The warm hours a week the report's cost assumes; default the model file's schedule
+            (55 h: 08:00-19:00 Mon-Fri), or with no model file, as min_instances runs the service.
+        spec_file: A model file in deployments/, e.g. deployments/gemma-4-e2b.yaml: it supplies every parameter
+            not given.
+        force: Deploy and verify again a candidate a verdict found bad (it failed verification or was rolled back:
+            the same weights, image and profile), which is refused otherwise.
     """
     spec = read_spec(spec_file)
     model = model or spec.get("model")
@@ -229,7 +267,10 @@ def promote_model(
         )
         if not 0 <= warm_hours <= 168:
             raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")
-        report.cost = estimate(serving, warm_hours)
+        # A model file's service runs on the schedule sync_deployments gives it; a service promoted by parameters
+        # alone has none, and runs as its min_instances says.
+        scheduled = spec_file is not None or warm_hours_per_week is not None
+        report.cost = estimate(serving, warm_hours if scheduled else None)
         source = validated(ModelSource, {
             "repo_id": model,
             "revision": report.revision,
@@ -243,15 +284,20 @@ def promote_model(
             watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
             vllm_metrics=serving.metrics == "vllm",
             rollout=check_rollout(rollout or spec.get("rollout") or "zero-downtime"),
+            without_traffic=serving.watch_without_traffic,
+            served_name=source.served_model_name,
         )
         delivery.watch.refuse_without_vllm_metrics(serving.metrics)
-        _promote(report, gcp, serving, source, service_id, verify, delivery, dry_run)
+        report.cost.watch = WatchPlan.of(delivery.canary, delivery.samples(serving), gcp, delivery.rollout)
+        _promote(report, gcp, serving, source, service_id, verify, delivery, dry_run, force)
     except Exception as exc:
         report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
         _where_traffic_stands(report, gcp, service_id)
         _publish(report, gcp, service_id)
+        run_logger().info("%s", report.outcome_line())
         raise
     _publish(report, gcp, service_id)
+    run_logger().info("%s", report.outcome_line())
     return report
 
 
@@ -264,6 +310,7 @@ def _promote(
     verify: VerifyOptions | None,
     delivery: Delivery,
     dry_run: bool,
+    force: bool = False,
 ) -> None:
     log = run_logger()
     options = StagingOptions()
@@ -321,6 +368,9 @@ def _promote(
             report.findings += [f for f in final if f not in report.findings]
         with report.step("deploy candidate"):
             lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
+            if overridden := run_check_candidate_verdict(target, service_id, spec.template.revision, force):
+                log.warning("%s", overridden)
+                report.notes.append(overridden)
             stopped = _stop_for_replace(target, service_id, spec, delivery)
             try:
                 candidate = run_deploy_candidate(
@@ -346,7 +396,9 @@ def _promote(
             with report.step("verify"):
                 try:
                     report.verification = run_verify_candidate(target, candidate, source.served_model_name, verify)
-                    if samples:  # a watch that cannot read the metrics must fail before traffic moves, not after
+                    # A watch that cannot read the metrics must fail before traffic moves, not after (a first
+                    # deploy is not watched: flows/delivery.watch_plan).
+                    if samples and candidate.previous_traffic:
                         monitoring_read_revision(target, service_id, candidate.revision, delivery.vllm_metrics)
                 except Exception:
                     fenced(lock, target, service_id, candidate.left_serving, "abandon the candidate")
@@ -456,6 +508,7 @@ def _replace(
 ) -> None:  # fmt: skip
     """The verified candidate takes all traffic and the service scales automatically again, in one update; the
     watch follows at 100 %, with no previous revision kept warm (there is no GPU for it)."""
+    _, samples, load = watch_plan(report, target, service_id, candidate, delivery, samples)
     with report.step("promote"):
         fenced(lock, target, service_id, candidate.left_serving, "promote")
         run_resume_serving(target, service_id, stopped.scaling, profile.max_instances, candidate.revision)
@@ -466,7 +519,7 @@ def _replace(
         )
         report.outcome = "promoted"
         report.serving_revision = candidate.revision
-    watch_promoted(report, target, service_id, candidate, delivery, samples, None, False, lock)
+    watch_promoted(report, target, service_id, candidate, delivery, samples, None, False, lock, at_100(load, candidate))
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:

@@ -6,6 +6,7 @@ from prefect import flow
 
 from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
 from tasks.cloudrun import Rollback, run_rollback
+from tasks.outcome import publish, rollback_outcome, run_read_service
 
 
 @flow(name="rollback-model", log_prints=True)
@@ -17,11 +18,19 @@ def rollback_model(
     stays Ready in Cloud Run: it is never chosen, and naming it needs ``force``. The revision rolled back from is
     recorded as rolled back.
 
-    Staged weights stay in the bucket per commit, so the older revision serves its own weights again.
+    Staged weights stay in the bucket per commit, so the older revision serves its own weights again. The run ends
+    with one outcome line (traffic before and after, URL) and the artifact `rollback-<service>` with the same facts.
+
+    Args:
+        service: The Cloud Run service whose traffic moves back, e.g. gemma-4-e2b.
+        to_revision: The revision to send all traffic to; empty for the newest earlier one that passed verification.
+        target: The GcpTarget block that names the project and region (bootstrap saves `production`).
+        force: Allow a `to_revision` a promotion found bad (failed verification, rolled back).
     """
     gcp = load_target(target)
     with service_lock(gcp, service):
         result = run_rollback(gcp, service, to_revision, force)
+        after = run_read_service(gcp, service)  # what Cloud Run serves now, under the lock that moved it
     emit("model.rolled_back", gcp, service, {"from": result.from_revision, "to": result.to_revision})
-    print(f"{service}: traffic moved from {result.from_revision} to {result.to_revision}")
+    publish(rollback_outcome(gcp, service, after, result.from_revision, result.to_revision))
     return result

@@ -15,6 +15,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import run_v2
 from google.protobuf import field_mask_pb2
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, SecretStr
 
 from blocks.profile import PRESETS, ServingProfile
@@ -169,6 +170,20 @@ def _free_revision_name(target: GcpTarget, service_id: str, wanted: str) -> tupl
         if _ready(existing):
             return name, existing
     raise InfraError(f"revisions {names[0]} to {names[-1]} of {service_id} all failed; change the profile or weights")
+
+
+def check_candidate_verdict(target: GcpTarget, service_id: str, wanted: str, force: bool) -> str | None:
+    """The revision this run's deploy would take (``wanted``, or a later name after failed tries) must not be one a
+    verdict found bad, unless ``force`` (tasks/verdicts.check_candidate)."""
+    try:
+        current = clients.run_services(target).get_service(name=service_path(target, service_id), retry=GCP_RETRY)
+    except gexc.NotFound:
+        return None  # a first deploy: no verdicts
+    found = verdicts.records(current)
+    if not any(record.verdict in verdicts.BAD for record in found.values()):
+        return None
+    revision, existing = _free_revision_name(target, service_id, wanted)
+    return verdicts.check_candidate(found, service_id, revision, force) if existing is not None else None
 
 
 def deploy_candidate(target: GcpTarget, service_id: str, spec: run_v2.Service) -> Candidate:
@@ -428,9 +443,6 @@ def _listing(revisions: list[run_v2.Revision], found: dict[str, str] | None = No
     return ", ".join(mark(r) for r in newest_first) or "none"
 
 
-BAD_WORDS = {"failed-verification": "failed verification", "rolled-back": "was rolled back"}
-
-
 def _check_rollback_target(
     service_id: str, to_revision: str, revisions: list[run_v2.Revision], found: dict[str, str], force: bool
 ) -> None:
@@ -450,9 +462,9 @@ def _check_rollback_target(
         )
     if found.get(to_revision) in verdicts.BAD and not force:
         raise InfraError(
-            f"to_revision: revision '{to_revision}' of {service_id} {BAD_WORDS[found[to_revision]]} (recorded on the "
-            "service); set force to send traffic to it anyway, or leave to_revision empty for the previous verified "
-            "one"
+            f"to_revision: revision '{to_revision}' of {service_id} {verdicts.BAD_WORDS[found[to_revision]]} "
+            "(recorded on the service); set force to send traffic to it anyway, or leave to_revision empty for the "
+            "previous verified one"
         )
 
 
@@ -570,7 +582,10 @@ def deploy_when_startable(
                 before_retry()
 
 
-run_deploy_candidate = task(name="run_deploy_candidate")(deploy_when_startable)
+run_check_candidate_verdict = task(name="run_check_candidate_verdict")(check_candidate_verdict)
+# Its ``before_retry`` (the service lock's fence) holds a thread lock: no cache key can be computed from it, and Prefect
+# would log that at ERROR with a traceback in every promotion. A deploy is never to be served from a cache anyway.
+run_deploy_candidate = task(name="run_deploy_candidate", cache_policy=NO_CACHE)(deploy_when_startable)
 run_verify_candidate = task(name="run_verify_candidate")(verify_candidate)
 run_promote_candidate = task(name="run_promote_candidate")(promote_candidate)
 run_abandon_candidate = task(name="run_abandon_candidate")(abandon_candidate)

@@ -32,6 +32,7 @@ from tasks import clients
 from tasks.logs import run_logger
 from tasks.metrics_sidecar import METRIC_WRITER_ROLE, SCRAPE_PORT
 from tasks.monitoring import RevisionTraffic, list_series, revision_traffic
+from tasks.probe import VerificationFailed, VerifyOptions, chat_completion
 from tasks.vllm_metrics import TTFT, VllmSignals, revision_filter, revision_signals
 
 PREVIOUS_TAG = "previous"
@@ -135,6 +136,16 @@ class StepResult(BaseModel):
         return self.verdict == "breached"
 
 
+class WatchLoad(BaseModel):
+    """The verify step's own request, sent to the candidate at each step when the service has too little traffic of
+    its own for the watch to judge (the profile's watch_without_traffic: load)."""
+
+    url: str = Field(description="Where the candidate answers at this step: its tag URL, or the service URL at 100 %.")
+    audience: str = Field(description="The service URL: the ID token's audience (Cloud Run refuses a tag URL).")
+    served_name: str
+    requests: int
+
+
 class RolledBack(RuntimeError):
     """A step breached the SLO and traffic went back to the previous revision; the message says what was seen."""
 
@@ -230,6 +241,7 @@ def watch_step(
     split: list[tuple[str, int]],
     keep_warm: tuple[str, str] | None = None,
     vllm: bool = False,
+    load: WatchLoad | None = None,
 ) -> StepResult:
     """Watch ``revision`` for ``samples`` sampling periods from now; a breach ends the watch at once. With ``vllm``
     (the Prometheus sidecar runs beside it), also on vLLM's TTFT, TPOT and the streams that failed after their 200.
@@ -243,6 +255,16 @@ def watch_step(
     window = samples * period
     began = datetime.now(UTC)
     started = time.monotonic()
+    latest = began + timedelta(seconds=window + target.metrics_delay_seconds)
+    log.info(
+        "%s: judging %s over %d sampling periods of %g s (%g s); Cloud Monitoring shows a period up to %g s "
+        "after it ends, so the step ends by %s UTC at the latest, at once on a breach",
+        step, revision, samples, period, window, target.metrics_delay_seconds, f"{latest:%H:%M:%S}",
+    )  # fmt: skip
+    if load is not None:
+        answered = send_load(target, load)
+        log.info("%s: sent %d chat completions to %s (%d answered 200) for the watch to judge", step,
+                 load.requests, revision, answered)  # fmt: skip
     while True:
         now = datetime.now(UTC)
         seen = revision_traffic(target, service_id, revision, began, now)
@@ -253,7 +275,12 @@ def watch_step(
         whole = elapsed >= window and (window_seen or elapsed >= window + target.metrics_delay_seconds)
         if verdict == "breached" or whole:
             break
-        log.info("%s: %s after %.0f s of %.0f s", step, reason, elapsed, window)
+        if elapsed < window:
+            log.info("%s: %s (%.1f s of the %g s window)", step, reason, elapsed, window)
+        else:
+            left = window + target.metrics_delay_seconds - elapsed
+            log.info("%s: %s; the window is over, waiting up to %.1f s more for Monitoring's last period",
+                     step, reason, max(left, 0))  # fmt: skip
         if keep_warm is not None and token is not None:
             _touch(keep_warm[0], token)
         time.sleep(period)
@@ -267,6 +294,33 @@ def watch_step(
         result.ttft_p95_ms, result.tpot_p95_ms = signals.ttft_p95_ms, signals.tpot_p95_ms
     (log.warning if result.breached else log.info)("%s: %s: %s", step, verdict, reason)
     return result
+
+
+def send_load(target: GcpTarget, load: WatchLoad) -> int:
+    """The verify step's chat completion, ``load.requests`` times, one after another; how many answered 200. A
+    failure is not raised: the watch judges it from Cloud Run's own count of the candidate's 5xx."""
+    token = clients.identity_token(target, load.audience)
+    options = VerifyOptions()
+    answered = 0
+    with httpx.Client(base_url=load.url, headers={"Authorization": f"Bearer {token.get_secret_value()}"},
+                      timeout=options.request_timeout_s) as client:  # fmt: skip
+        for _ in range(load.requests):
+            with contextlib.suppress(httpx.HTTPError, VerificationFailed):
+                chat_completion(client, load.served_name, options)
+                answered += 1
+    return answered
+
+
+def served_requests(target: GcpTarget, service_id: str, split: list[tuple[str, int]], seconds: float) -> int | None:
+    """Requests the revisions of ``split`` served in the last ``seconds`` as Cloud Monitoring has seen them; None when
+    the metrics cannot be read (the watch then runs as configured and says what it saw)."""
+    now = datetime.now(UTC)
+    try:
+        return sum(revision_traffic(target, service_id, revision, now - timedelta(seconds=seconds), now).requests
+                   for revision, _ in split)  # fmt: skip
+    except Exception as exc:  # read again by the watch itself, which fails the run if it still cannot
+        run_logger().warning("could not read what %s served lately (%s); watching as configured", service_id, exc)
+        return None
 
 
 def _touch(url: str, token: SecretStr) -> None:
@@ -308,3 +362,4 @@ class NoVllmMetrics(RuntimeError):
 
 monitoring_watch_revision = task(name="monitoring_watch_revision")(watch_step)
 monitoring_read_revision = task(name="monitoring_read_revision")(read_revision)
+monitoring_read_served_requests = task(name="monitoring_read_served_requests")(served_requests)

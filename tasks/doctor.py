@@ -8,6 +8,7 @@ result instead of raising, so one run shows everything that stands in the way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Literal
 
@@ -24,6 +25,9 @@ from tasks.infra import repository_path
 from tasks.metrics_sidecar import METRIC_WRITER_ROLE
 from tasks.permissions import (
     ACT_AS,
+    DEPLOYER_ROLES,
+    DOCTOR_ROLES,
+    PROJECT_ROLES,
     denied_permission,
     doctor_permissions,
     grant_command,
@@ -33,6 +37,11 @@ from tasks.permissions import (
 
 Status = Literal["ok", "warn", "fail"]
 ME = 'user:"$(gcloud config get-value account)"'  # the member a fix command grants to: whoever runs it
+PROJECT_GET = "resourcemanager.projects.get"
+BUCKET_GET = "storage.buckets.get"
+BROWSER = "roles/browser"
+ACT_AS_ROLE = "roles/iam.serviceAccountUser"
+PROJECT_IAM_ADMIN = "roles/resourcemanager.projectIamAdmin"
 
 
 class Check(BaseModel):
@@ -42,17 +51,55 @@ class Check(BaseModel):
     status: Status
     detail: str
     fix: str = Field("", description="The exact command (or setting) that fixes it; empty when nothing to fix.")
+    roles: list[str] = Field(
+        default_factory=list,
+        description="Predefined roles the caller lacks on the project for this row: doctor prints one grant command "
+        "per role, for all rows at once, instead of the row's own fix.",
+    )
+    summary: str = Field("", description="The row's one terminal line when the detail is too long for one.")
+
+    @property
+    def line(self) -> str:
+        """What the terminal shows for the row (the artifact and DoctorFailed keep the whole detail)."""
+        return self.summary or self.detail
+
+
+# The order grants are printed in: seeing the project first (every other call is refused without it), then what
+# doctor reads with (its next run then sees more), then the deployer's roles in the README table's order.
+_GRANT_ORDER = [need.role for need in (*PROJECT_ROLES, *DOCTOR_ROLES, *DEPLOYER_ROLES)]
+
+
+def roles_to_grant(checks: list[Check]) -> list[str]:
+    """The roles the failed rows ask for, each once, in ``_GRANT_ORDER`` (roles it does not know last, by name)."""
+    wanted = {role for c in checks if c.status == "fail" for role in c.roles}
+    return sorted(wanted, key=lambda r: (_GRANT_ORDER.index(r) if r in _GRANT_ORDER else len(_GRANT_ORDER), r))
+
+
+def other_fixes(checks: list[Check]) -> list[str]:
+    """The fixes of failed and warned rows that are not project grants, each once, in row order."""
+    return list(dict.fromkeys(c.fix for c in checks if c.status != "ok" and c.fix and not c.roles))
+
+
+def grant_block(project: str, roles: list[str], member: str | None = None) -> list[str]:
+    """Copyable shell lines that grant ``roles`` on the project: the member set once (the caller's principal when
+    the credentials name it, else the gcloud account), then one ``add-iam-policy-binding`` per role."""
+    head = f"MEMBER={member}" if member else f"MEMBER={ME}  # or serviceAccount:EMAIL, the account the flows run as"
+    return [head, *(grant_command(project, role, '"$MEMBER"') for role in roles)]
 
 
 class DoctorFailed(RuntimeError):
-    """The project is not ready: the message lists each failed check and its fix."""
+    """The project is not ready: the message lists each failed check, then the fixes (grants last)."""
 
-    def __init__(self, checks: list[Check]) -> None:
+    def __init__(self, checks: list[Check], fixes: list[str] | None = None) -> None:
         self.checks = [c for c in checks if c.status == "fail"]
+        self.fixes = list(dict.fromkeys(fixes if fixes is not None else [c.fix for c in self.checks if c.fix]))
         # The first line is what a promotion report shows as its reason; the fixes follow, one a line.
         summary = "doctor: project not ready: " + " | ".join(f"{c.name}: {c.detail}" for c in self.checks)
-        fixes = [f"fix ({c.name}): {c.fix}" for c in self.checks if c.fix]
-        super().__init__("\n".join([summary, *fixes]))
+        super().__init__("\n".join([summary, *self.fixes]))
+
+    def __reduce__(self) -> tuple[type[DoctorFailed], tuple[list[Check], list[str]]]:
+        # A Prefect result store pickles it with the run's Failed state: rebuilt from its rows, not its message.
+        return (type(self), (self.checks, self.fixes))
 
 
 # APIs by what uses them. serviceusage and cloudresourcemanager are what doctor itself reads through.
@@ -110,6 +157,22 @@ def _json_error(response) -> tuple[str, str | None]:
     return error.get("message", response.text[:300]), None
 
 
+# The REST transport prefixes Google's message with the request ("GET https://...?names=projects%2F...: "), and
+# Storage and Service Usage add a second sentence that repeats the first: neither helps the reader.
+_REQUEST_LINE = re.compile(r"^(?:\d{3} )?(?:GET|POST|PUT|PATCH|DELETE) \S+: ")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+MAX_GOOGLE_TEXT = 160
+
+
+def google_text(error: Exception | str) -> str:
+    """Google's error message as a reader needs it: without the request line, its first sentence, at most
+    ``MAX_GOOGLE_TEXT`` characters."""
+    text = error.message if isinstance(error, gexc.GoogleAPICallError) else str(error)
+    text = _REQUEST_LINE.sub("", " ".join(str(text).split()))
+    first = _SENTENCE_END.split(text, maxsplit=1)[0]
+    return first if len(first) <= MAX_GOOGLE_TEXT else first[: MAX_GOOGLE_TEXT - 1] + "…"
+
+
 def _unreadable(name: str, target: GcpTarget, exc: Exception, role: str) -> Check:
     """A check whose read failed: a disabled API names the enable command, a 403 the role that allows the read."""
     service = _disabled_service(exc)
@@ -118,18 +181,43 @@ def _unreadable(name: str, target: GcpTarget, exc: Exception, role: str) -> Chec
                      fix=enable_command([service], target.project))  # fmt: skip
     if isinstance(exc, gexc.Forbidden | gexc.PermissionDenied):
         return _read_denied(name, target, exc.message, role)
-    return Check(name=name, status="warn", detail=f"could not be checked: {exc}")
+    return Check(name=name, status="warn", detail=f"could not be checked: {google_text(exc)}")
 
 
 def _read_denied(name: str, target: GcpTarget, message: str, role: str) -> Check:
-    """A read doctor was refused (403): the permission Google's message names and the role that holds it."""
+    """A read doctor was refused (403): the permission Google's message names and the role that holds it; Google's
+    own words only when they name no permission."""
     permission = denied_permission(message)
-    missing = f"missing permission {permission}; " if permission else ""
-    detail = f"doctor may not read this: {missing}grant {role} (Google: {message})"
-    return Check(name=name, status="fail", detail=detail, fix=grant_command(target.project, role, ME))
+    said = f"missing permission {permission}" if permission else f"Google: {google_text(message)}"
+    detail = f"cannot read: {said}; grant {role}"
+    return Check(name=name, status="fail", detail=detail, fix=grant_command(target.project, role, ME), roles=[role])
 
 
 # Checks ---------------------------------------------------------------------------------------------------------
+def check_project_access(target: GcpTarget) -> Check:
+    """The project exists and the caller may see it (``resourcemanager.projects.get``, asked with
+    ``projects.testIamPermissions``, which itself needs no permission: Resource Manager REST reference,
+    https://cloud.google.com/resource-manager/reference/rest/v1/projects/testIamPermissions). Every deployer role
+    holds projects.get; an identity that holds none of them (a bare project) needs roles/browser to see the project
+    at all ("Read access to browse the hierarchy for a project, including the folder, organization, and allow
+    policy", https://cloud.google.com/iam/docs/roles-permissions/browser), so it is the first grant doctor prints."""
+    name = "project access"
+    fix = grant_command(target.project, BROWSER, ME)
+    try:
+        held = PROJECT_GET in _granted(target, [PROJECT_GET])
+    except gexc.GoogleAPICallError as exc:
+        if _disabled_service(exc):
+            return _unreadable(name, target, exc, BROWSER)
+        # Resource Manager answers 403 for a project that does not exist as for one the caller may not see.
+        return Check(name=name, status="fail", roles=[BROWSER], fix=fix,
+                     detail=f"{target.project} does not exist or you may not see it ({google_text(exc)}): check "
+                     f"the project id, or grant {BROWSER}")  # fmt: skip
+    if held:
+        return Check(name=name, status="ok", detail=f"you may see {target.project}.")
+    detail = f"you may not see {target.project}: missing permission {PROJECT_GET}; grant {BROWSER}"
+    return Check(name=name, status="fail", detail=detail, fix=fix, roles=[BROWSER])
+
+
 def check_apis(target: GcpTarget, profile: ServingProfile) -> Check:
     """The APIs the pipeline calls are enabled (Service Usage ``services.batchGet``)."""
     name = "APIs enabled"
@@ -152,7 +240,7 @@ def check_apis(target: GcpTarget, profile: ServingProfile) -> Check:
     if off:
         return Check(name=name, status="fail", detail=f"not enabled: {', '.join(off)}.",
                      fix=enable_command(off, target.project))  # fmt: skip
-    return Check(name=name, status="ok", detail=f"{len(wanted)} APIs enabled: {', '.join(wanted)}.")
+    return Check(name=name, status="ok", detail=f"all {len(wanted)} APIs the pipeline calls are enabled.")
 
 
 def _granted(target: GcpTarget, permissions: list[str]) -> set[str]:
@@ -185,7 +273,7 @@ def _held(name: str, what: str, target: GcpTarget, wanted: list[str]) -> Check:
     try:
         missing = sorted(set(wanted) - _granted(target, wanted))
     except gexc.GoogleAPICallError as exc:
-        return _unreadable(name, target, exc, "roles/browser")
+        return _unreadable(name, target, exc, BROWSER)  # the project itself is out of sight
     if not missing:
         return Check(name=name, status="ok", detail=f"all {len(wanted)} permissions of {what} held.")
     roles: dict[str, list[str]] = {}
@@ -193,7 +281,19 @@ def _held(name: str, what: str, target: GcpTarget, wanted: list[str]) -> Check:
         roles.setdefault(role_for(permission), []).append(permission)
     detail = "; ".join(f"{role} for {', '.join(perms)}" for role, perms in roles.items())
     fix = " && ".join(grant_command(target.project, role, ME) for role in roles)
-    return Check(name=name, status="fail", detail=f"missing permissions: {detail}.", fix=fix)
+    # The detail names every permission (the artifact, DoctorFailed); the terminal line only counts them.
+    lacked = f"{len(roles)} roles" if len(roles) > 1 else next(iter(roles))
+    summary = f"missing {len(missing)} permission{'s' if len(missing) > 1 else ''} of {lacked}"
+    return Check(name=name, status="fail", detail=f"missing permissions: {detail}.", fix=fix, roles=list(roles),
+                 summary=summary)  # fmt: skip
+
+
+def _holds(target: GcpTarget, permission: str) -> bool:
+    """Whether the caller holds ``permission`` on the project; False when even that cannot be asked."""
+    try:
+        return permission in _granted(target, [permission])
+    except gexc.GoogleAPICallError:
+        return False
 
 
 def check_act_as(target: GcpTarget) -> Check:
@@ -221,25 +321,32 @@ def _act_as(name: str, target: GcpTarget, email: str) -> Check:
         return Check(name=name, status="fail", detail=f"{disabled} is not enabled, so this could not be checked.",
                      fix=enable_command([disabled], target.project))  # fmt: skip
     if response.status_code not in (403, 404):
-        return Check(name=name, status="warn", detail=f"could not be checked: {response.status_code} {message}")
+        return Check(name=name, status="warn",
+                     detail=f"could not be checked: {response.status_code} {google_text(message)}")  # fmt: skip
     # 404 (or 403 "or it may not exist"): no account yet. promote creates it; the project-level grant covers it then.
-    return _by_caller_permission(
+    row = _by_caller_permission(
         name, target, ACT_AS,
         ok=f"{email} will be created by promote; project-level {ACT_AS} covers it.",
-        fail=f"{email} does not exist yet and {ACT_AS} is not granted on the project, so the first deploy would be "
-        "refused.",
-        fix=grant_command(target.project, "roles/iam.serviceAccountUser", ME),
+        fail=f"{email} does not exist yet and you lack {ACT_AS} on the project: the first deploy would be refused.",
+        fix=grant_command(target.project, ACT_AS_ROLE, ME), roles=[ACT_AS_ROLE],
     )  # fmt: skip
+    if row.roles == [ACT_AS_ROLE]:  # the row's name says which account: its line need not repeat the address
+        row.summary = f"not created yet, and you lack {ACT_AS} on the project: the first deploy would be refused."
+    return row
 
 
-def _by_caller_permission(name: str, target: GcpTarget, permission: str, ok: str, fail: str, fix: str) -> Check:
+def _by_caller_permission(
+    name: str, target: GcpTarget, permission: str, ok: str, fail: str, fix: str, roles: list[str] | None = None
+) -> Check:
     """The row that depends on whether the caller holds ``permission`` on the project (or says it could not be
-    read)."""
+    read). ``roles``: what the failed row asks the caller to be granted (none when the fix grants someone else)."""
     try:
         held = permission in _granted(target, [permission])
     except gexc.GoogleAPICallError as exc:
-        return _unreadable(name, target, exc, "roles/browser")
-    return Check(name=name, status="ok", detail=ok) if held else Check(name=name, status="fail", detail=fail, fix=fix)
+        return _unreadable(name, target, exc, BROWSER)  # the project itself is out of sight
+    if held:
+        return Check(name=name, status="ok", detail=ok)
+    return Check(name=name, status="fail", detail=fail, fix=fix, roles=roles or [])
 
 
 WRITER_ROLES = {METRIC_WRITER_ROLE, "roles/monitoring.editor", "roles/monitoring.admin", "roles/editor", "roles/owner"}
@@ -255,7 +362,8 @@ def check_metric_writer(target: GcpTarget, profile: ServingProfile) -> Check:
     try:
         policy = clients.projects(target).get_iam_policy(request={"resource": f"projects/{target.project}"})
     except gexc.GoogleAPICallError as exc:
-        return _unreadable(name, target, exc, "roles/iam.securityReviewer")
+        # The role promote's grant needs (README table, metrics: vllm) also reads the policy: one role, not two.
+        return _unreadable(name, target, exc, PROJECT_IAM_ADMIN)
     if any(b.role in WRITER_ROLES and member in b.members for b in policy.bindings):
         return Check(name=name, status="ok", detail=f"{target.service_account_email} may write metrics.")
     return _by_caller_permission(
@@ -293,7 +401,7 @@ def check_subnet(target: GcpTarget) -> Check:
         return Check(name=name, status="ok", detail=f"{target.subnet} does not exist yet: promote-model creates it "
                      "with Private Google Access on.")  # fmt: skip
     except gexc.GoogleAPICallError as exc:
-        return Check(name=name, status="warn", detail=f"could not read subnet {target.subnet}: {exc.message}")
+        return _unreadable(name, target, exc, "roles/compute.networkAdmin")
     if subnet.private_ip_google_access:
         return Check(name=name, status="ok", detail=f"{target.subnet} has Private Google Access on.")
     return Check(
@@ -315,9 +423,8 @@ def _check_quota(target: GcpTarget, name: str, quota: quotas.Quota, per_instance
                          fix=enable_command([disabled], target.project))  # fmt: skip
         if response.status_code == 403:
             return _read_denied(name, target, message, "roles/serviceusage.serviceUsageViewer")
-        return Check(
-            name=name, status="warn", detail=f"could not read {quota.metric}: {response.status_code} {message}"
-        )
+        detail = f"could not read {quota.metric}: {response.status_code} {google_text(message)}"
+        return Check(name=name, status="warn", detail=detail)
     limit = quotas.in_units(quotas.effective_limit(response.json(), target.region), quota)
     need = quotas.Need(quota, per_instance, instances, limit)
     if limit is None:
@@ -471,6 +578,8 @@ def check_bucket(target: GcpTarget) -> Check:
         if service:
             return Check(name=name, status="fail", detail=f"{service} is not enabled, so this could not be checked.",
                          fix=enable_command([service], target.project))  # fmt: skip
+        if not _holds(target, BUCKET_GET):  # refused for want of a role in this project, not a foreign bucket
+            return _read_denied(name, target, exc.message, "roles/storage.admin")
         return Check(
             name=name, status="fail",
             detail=f"gs://{bucket_name} exists but this identity may not read it (bucket names are global: it may "

@@ -38,7 +38,8 @@ POLICY_CONFLICT_RETRY = Retry(
     timeout=60.0,
 )
 
-Action = Literal["created", "found", "updated", "deleted", "absent", "held"]  # held: in use, retry later
+# held: in use, retry later; kept: another service uses it, so a teardown left it
+Action = Literal["created", "found", "updated", "deleted", "absent", "held", "kept"]
 
 
 class InfraError(RuntimeError):

@@ -1,12 +1,12 @@
 """The IAM roles the identity running the pipeline (the deployer) needs, as data: role -> the permissions of it we
 rely on and the step that uses each.
 
-The README's "Roles the deployer needs" table is generated from ``DEPLOYER_ROLES`` and ``DOCTOR_ROLES``
-(``readme_table()``; a unit test keeps them equal). ``doctor`` checks with ``testIamPermissions`` that the caller
-holds ``required_permissions()`` (what promote, scale, rollback and teardown call; its "deployer permissions" row)
-and ``doctor_permissions()`` (what doctor's own read-only checks call; its "doctor permissions" row). A 403
-anywhere in the product is explained with ``explain_denied()``: the missing permission parsed from Google's message
-and the predefined role to grant.
+The README's "Roles the deployer needs" table is generated from ``PROJECT_ROLES``, ``DEPLOYER_ROLES`` and
+``DOCTOR_ROLES`` (``readme_table()``; a unit test keeps them equal). ``doctor`` checks with ``testIamPermissions``
+that the caller holds ``required_permissions()`` (what promote, scale, rollback and teardown call; its "deployer
+permissions" row) and ``doctor_permissions()`` (what doctor's own read-only checks call; its "doctor permissions"
+row). A 403 anywhere in the product is explained with ``explain_denied()``: the missing permission parsed from
+Google's message and the predefined role to grant.
 
 Role contents are Google's predefined roles (IAM "roles and permissions" reference pages:
 https://cloud.google.com/iam/docs/roles-permissions/run, .../storage, .../compute, .../iam, .../secretmanager,
@@ -218,9 +218,23 @@ DOCTOR_ROLES: tuple[RoleNeed, ...] = (
     ),
 )
 
+# What an identity that holds none of the roles above (a bare project) needs before anything else: to see the
+# project. Every deployer and doctor role but orgpolicy.policyViewer holds resourcemanager.projects.get, so this row
+# matters only until one of them is granted; doctor's "project access" row checks it and names the role first.
+# Browser: "Read access to browse the hierarchy for a project, including the folder, organization, and allow
+# policy" (https://cloud.google.com/iam/docs/roles-permissions/browser).
+PROJECT_ROLES: tuple[RoleNeed, ...] = (
+    RoleNeed(
+        "roles/browser",
+        "Browser",
+        "doctor, on a project where you hold none of the roles below",
+        {"resourcemanager.projects.get": "doctor: the project exists and you may see it"},
+        purpose="doctor: see the project at all; the first grant on a project where you hold nothing",
+    ),
+)
+
 # Permissions that more than one role holds: the role we name is the narrowest predefined one that has it.
 _OTHER_ROLES = {
-    "resourcemanager.projects.get": "roles/browser",  # also in every deployer role above
     "resourcemanager.projects.getIamPolicy": "roles/iam.securityReviewer",
     "resourcemanager.projects.setIamPolicy": "roles/resourcemanager.projectIamAdmin",
     "iam.serviceAccounts.getIamPolicy": "roles/iam.serviceAccountAdmin",
@@ -259,7 +273,7 @@ def doctor_permissions() -> list[str]:
 
 def _index() -> dict[str, str]:
     index: dict[str, str] = {}
-    for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES):
+    for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES, *PROJECT_ROLES):
         for permission in need.permissions:
             index.setdefault(permission.lower(), need.role)
     for permission, role in _OTHER_ROLES.items():
@@ -268,7 +282,7 @@ def _index() -> dict[str, str]:
 
 
 _ROLE_BY_PERMISSION = _index()
-_CANONICAL = {p.lower(): p for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES) for p in need.permissions} | {
+_CANONICAL = {p.lower(): p for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES, *PROJECT_ROLES) for p in need.permissions} | {
     p.lower(): p for p in _OTHER_ROLES
 }
 
@@ -352,10 +366,10 @@ def explain_permission(permission: str, project: str, member: str | None = None)
 
 
 def readme_table() -> str:
-    """The README's "Roles the deployer needs" table (markdown), generated from ``DEPLOYER_ROLES`` and, last, the
-    ``DOCTOR_ROLES`` (Needed: "doctor (read-only checks)")."""
+    """The README's "Roles the deployer needs" table (markdown): ``PROJECT_ROLES`` first (the first grant on a bare
+    project), then ``DEPLOYER_ROLES`` and, last, the ``DOCTOR_ROLES`` (Needed: "doctor (read-only checks)")."""
     rows = ["| Role | Needed | For | Permissions we use |", "|---|---|---|---|"]
-    for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES):
+    for need in (*PROJECT_ROLES, *DEPLOYER_ROLES, *DOCTOR_ROLES):
         permissions = ", ".join(f"`{p}`" for p in need.permissions)
         rows.append(f"| `{need.role}` ({need.title}) | {need.when} | {need.purpose} | {permissions} |")
     return "\n".join(rows) + "\n"

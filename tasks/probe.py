@@ -73,7 +73,8 @@ def wait_healthy(client: httpx.Client, options: VerifyOptions) -> tuple[float, i
         time.sleep(options.health_period_s)
 
 
-def _chat(client: httpx.Client, served_name: str, options: VerifyOptions) -> tuple[dict, float]:
+def chat_completion(client: httpx.Client, served_name: str, options: VerifyOptions) -> tuple[dict, float]:
+    """The verify step's chat completion (temperature 0): the answer and its seconds; not 200 raises."""
     body = {
         "model": served_name,
         "messages": [{"role": "user", "content": options.prompt}],
@@ -100,7 +101,7 @@ def verify(url: str, token: SecretStr, served_name: str, options: VerifyOptions 
         served = [m.get("id", "") for m in models.json().get("data", [])]
         if served_name not in served:
             raise VerificationFailed(f"/v1/models lists {served} but not '{served_name}': wrong model or name")
-        answer, _ = _chat(client, served_name, options)
+        answer, _ = chat_completion(client, served_name, options)
         try:
             reply = answer["choices"][0]["message"]["content"] or ""
             usage = answer["usage"]
@@ -126,7 +127,7 @@ def _fingerprint(answer: dict) -> str | None:
 def _load_test(client: httpx.Client, served_name: str, options: VerifyOptions, result: Verification) -> Verification:
     started = time.monotonic()
     with ThreadPoolExecutor(options.load_concurrency) as pool:
-        outcomes = list(pool.map(lambda _: _chat(client, served_name, options), range(options.load_requests)))
+        outcomes = list(pool.map(lambda _: chat_completion(client, served_name, options), range(options.load_requests)))
     wall = time.monotonic() - started
     latencies = sorted(seconds * 1000 for _, seconds in outcomes)
     tokens = sum(answer["usage"].get("completion_tokens", 0) for answer, _ in outcomes)

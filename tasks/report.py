@@ -50,6 +50,9 @@ class PromotionReport(BaseModel):
         default_factory=list, description="Each traffic step (canary, then 100 %) as Cloud Monitoring saw it."
     )
     findings: list[Finding] = Field(default_factory=list)
+    notes: list[str] = Field(
+        default_factory=list, description="What the run decided and why: a watch skipped, a verdict overridden..."
+    )
     cost: CostEstimate | None = None
     steps: list[Step] = Field(default_factory=list)
     build_attempts: list[BuildAttempt] = Field(
@@ -124,12 +127,12 @@ class PromotionReport(BaseModel):
             rows.append(f"| candidate URL | {self.candidate_url} |")
         if self.downtime:
             rows.append(f"| downtime | {self.downtime} |")
-        if self.cost:
-            c = self.cost
-            rows.append(
-                f"| cost | ${c.hourly_usd:.2f}/h per instance; ${c.scheduled_monthly_usd:,.0f}/month at "
-                f"{c.warm_hours_per_week:.0f} warm h/week vs ${c.always_on_monthly_usd:,.0f} always on |"
-            )
+        rows += [f"| note | {note.replace('|', '/')} |" for note in self.notes]
+        if self.cost:  # as the service will run, then what this run adds: weights, its job, its watch (tasks/cost.py)
+            weights = self.staging.total_bytes if self.staging else None
+            re_promotion = self.previous_revision is not None and self.outcome != "unchanged"
+            ran = sum(s.seconds for s in self.steps) or None
+            rows += [f"| {label} | {text} |" for label, text in self.cost.rows(weights, re_promotion, ran)]
         if self.steps:
             rows.append(f"| time | {_timing(self.steps)} |")
         links = [f"[Cloud Run revisions]({self.console_url})"] if self.outcome != "dry-run" else []
@@ -138,6 +141,18 @@ class PromotionReport(BaseModel):
         if links:
             rows.append(f"| console | {' · '.join(links)} |")
         return rows
+
+    def outcome_line(self) -> str:
+        """The run's last log line: what it did, what serves where, and what it decided (a worker's log ends here)."""
+        traffic = ", ".join(f"{rev} {pct} %" for rev, pct in self.traffic) or "none"
+        if self.traffic_unknown:
+            traffic = "unknown"
+        line = f"{self.service}: {self._outcome()}; traffic {traffic}; URL {self.service_url or '-'}"
+        if self.outcome == "promoted":
+            line += f"; revision {self.serving_revision} (was {self.previous_revision or 'nothing'})"
+        elif self.reason and self.outcome in ("failed", "rolled-back"):
+            line += f"; why: {self.reason}"
+        return line + "".join(f"; {note}" for note in self.notes)
 
     def _outcome(self) -> str:
         if self.outcome == "rolled-back":

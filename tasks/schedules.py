@@ -12,6 +12,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DAY_NAMES = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]  # cron numbers them 0-6 from Sunday
 DAY_ITEM = re.compile(r"^([a-z]{3}|[0-7])(?:-([a-z]{3}|[0-7]))?$")
+HOURS_SUFFIX = "-hours"  # a model file NAME.yaml gives promote-model/NAME and scale-service/NAME-hours
+
+
+def hours_deployment(model_file_name: str) -> str:
+    """The name of the scale-service deployment that keeps a model file's business hours."""
+    return f"{model_file_name}{HOURS_SUFFIX}"
+
+
+def promote_command(scale_deployment: str | None, service: str) -> str:
+    """The command that promotes the model a scale-service deployment scales: the model file's own promote-model
+    deployment for its NAME-hours deployment, else the by-parameters one."""
+    if scale_deployment and scale_deployment.endswith(HOURS_SUFFIX):
+        return f"prefect deployment run promote-model/{scale_deployment.removesuffix(HOURS_SUFFIX)}"
+    return f"prefect deployment run promote-model/promote -p model=ORG/NAME -p service={service}"
 
 
 def _day_number(token: str) -> int:

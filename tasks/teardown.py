@@ -24,6 +24,7 @@ from tasks.infra import (
     wait_region_operation,
 )
 from tasks.preflight import SERVICE_ID
+from tasks.shared_use import TargetUsage
 from tasks.subnet_hold import holder_of, subnet_hold
 
 # Cloud Run's rule for a service id (FACTS.md "Names"): preflight's SERVICE_ID pattern, and "It must begin with
@@ -157,12 +158,53 @@ def delete_artifact_repository(target: GcpTarget) -> EnsureResult:
     return EnsureResult(kind="artifact-registry", name=name, action="deleted")
 
 
+def kept(kind: str, name: str, users: list[str], how: str) -> EnsureResult:
+    """A shared resource the teardown leaves alone: other services use it (``how``, e.g. "their identity")."""
+    them = "that service" if len(users) == 1 else "those services"
+    why = f"in use by {', '.join(users)} ({how}); tear {them} down first to delete it"
+    return EnsureResult(kind=kind, name=name, action="kept", changes=[why])
+
+
+def delete_staged_weights(target: GcpTarget, usage: TargetUsage) -> EnsureResult:
+    """The staged commits this service's revisions read, except those another service reads too; then the bucket,
+    if nothing is left in it and no other service uses it. Commits staged for no service (a promotion staging now,
+    one that failed) are not this service's: they stay, and so does the bucket that holds them."""
+    bucket_name = target.bucket_name
+    name = f"gs://{bucket_name}"
+    storage = clients.storage(target)
+    with gcp_errors("storage", "roles/storage.admin", f"deleting staged weights in {name}", target):
+        bucket = storage.lookup_bucket(bucket_name)
+        if bucket is None:
+            return EnsureResult(kind="bucket", name=name, action="absent")
+        changes, deleted = [], 0
+        for _, prefix in sorted(p for p in usage.own.staged if p[0] == bucket_name):
+            if users := usage.staged_users(bucket_name, prefix):
+                changes.append(f"kept {name}/{prefix}: {', '.join(users)} serve it too")
+                continue
+            blobs = list(storage.list_blobs(bucket, prefix=f"{prefix}/"))
+            for blob in blobs:
+                with contextlib.suppress(gexc.NotFound):  # deleted meanwhile
+                    blob.delete()
+            deleted += len(blobs)
+            changes.append(f"deleted {name}/{prefix} ({len(blobs)} objects)")
+        if users := usage.users("buckets", bucket_name):
+            return EnsureResult(kind="bucket", name=name, action="kept",
+                                changes=[*changes, f"the bucket: {', '.join(users)} mount it"])  # fmt: skip
+        if any(True for _ in storage.list_blobs(bucket, max_results=1)):
+            changes.append("the bucket: it holds weights staged for no service (a promotion staging now, or one that "
+                           "failed); delete them by hand if they are not needed")  # fmt: skip
+            return EnsureResult(kind="bucket", name=name, action="kept", changes=changes)
+        with contextlib.suppress(gexc.NotFound):
+            bucket.delete()
+    return EnsureResult(kind="bucket", name=name, action="deleted", changes=[*changes, f"{deleted} objects deleted"])
+
+
 run_delete_service = task(name="run_delete_service")(delete_service)
 compute_delete_subnet = task(name="compute_delete_subnet")(delete_subnet)
 compute_delete_network = task(name="compute_delete_network")(delete_network)
 iam_delete_service_account = task(name="iam_delete_service_account")(delete_service_account)
 secretmanager_delete_secret = task(name="secretmanager_delete_secret")(delete_secret)
-gcs_delete_bucket = task(name="gcs_delete_bucket")(delete_bucket)
+gcs_delete_staged_weights = task(name="gcs_delete_staged_weights")(delete_staged_weights)
 artifactregistry_delete_repository = task(name="artifactregistry_delete_repository")(delete_artifact_repository)
 
 

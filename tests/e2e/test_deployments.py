@@ -100,18 +100,22 @@ def test_promote_model_runs_from_its_deployment_and_reports(server, sandbox, san
     steps = re.findall(r"^\| ([a-z ]+) \| (\d+\.\d\d) \| (yes|FAILED) \|$", text, re.MULTILINE)
     assert [name for name, _, _ in steps] == ["preflight", "resolve", "check service", "infrastructure", "stage",
                                               "image", "render", "deploy candidate", "verify", "promote",
-                                              "watch", "invokers"]  # fmt: skip
-    # The profile's default watch, with no traffic on the service: reported, not judged.
-    assert "| watch 100 % |" in text and "too little traffic" in text
+                                              "invokers"]  # fmt: skip
+    # A first deploy is not watched (nothing to go back to), and the report says so instead of a watch not judged.
+    assert "| watch 100 % |" not in text and "| note | watch skipped: a first deploy" in text
     assert {ok for _, _, ok in steps} == {"yes"}
     assert float({name: s for name, s, _ in steps}["verify"]) > 0  # the probe took time
-    # deployments/tiny-chat.yaml keeps one instance warm 08:00-19:00 Mon-Fri: 55 h a week.
+    # deployments/tiny-chat.yaml keeps one instance warm 08:00-19:00 Mon-Fri: 55 h a week (prices: tasks/prices.py).
     hourly = l4.hourly_usd
     month = 365.25 / 12 / 7
     assert (
-        f"| cost | ${hourly:.2f}/h per instance; ${hourly * 55 * month:,.0f}/month at 55 warm h/week "
-        f"vs ${hourly * 168 * month:,.0f} always on |"
+        f"| cost | ${hourly:.2f}/h per instance (L4 $0.67 + 8 vCPU $0.52 + 32 GiB $0.23); ${hourly * 55:,.0f}/week, "
+        f"${hourly * 55 * month:,.0f}/month at 55 warm h/week (its schedule) vs ${hourly * 168 * month:,.0f}/month "
+        "always on |"
     ) in text
+    also = re.search(r"^\| cost, also \| (.+) \|$", text, re.MULTILINE)
+    assert also and "weights " in also[1] and "flow job " in also[1], text
+    assert "second instance" not in also[1]  # a first deploy: nothing served beside the candidate
 
 
 def test_schedules_are_stored_with_cron_time_zone_and_parameters(server):

@@ -361,7 +361,8 @@ def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, ser
     ]  # fmt: skip
     assert results[-1].name == f"gs://{gcp.build_bucket_name}"
     staged = results[-2].changes
-    assert len(staged) == 1 and int(staged[0].split()[0]) > 0, staged  # "N objects deleted": the three commits'
+    # Each of the three commits the service's revisions served, then "N objects deleted" in all.
+    assert len(staged) == 4 and int(staged[-1].split()[0]) > 0, staged
     with pytest.raises(gexc.NotFound):
         run_service(gcp, service)
     with pytest.raises(gexc.NotFound):

@@ -61,3 +61,29 @@ def test_a_revision_rolled_back_from_is_not_rolled_back_to(flow_env):
     c = promote(service, revision="v1.0").serving_revision
     back = rollback_model(service=service)
     assert (back.from_revision, back.to_revision) == (c, a), f"went back to {back.to_revision}, not past {b}"
+
+
+def test_a_promotion_run_again_after_its_rollback_is_refused_naming_the_verdict(flow_env):
+    """Issue 33: promote v1.0, roll it back, run the same promotion again (CI, the UI's "run again"): the rolled-back
+    revision went back to 100 % silently. Its candidate is that very revision, so the run is refused without force."""
+    from tests.e2e.test_flows import artifact
+
+    service = f"verdicts-{next(_ids)}"
+    a = promote(service).serving_revision
+    b = promote(service, revision="v1.0").serving_revision
+    back = rollback_model(service=service)
+    assert (back.from_revision, back.to_revision) == (b, a)
+
+    verdict = (rf"revision {b} of {service} was rolled back at \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ by rollback-model run "
+               r"'[^']+' \([0-9a-f-]{36}\), and it is this run's candidate .*set force=true")  # fmt: skip
+    with pytest.raises(Exception, match=verdict):
+        promote(service, revision="v1.0")
+    assert [(s.revision, s.percent) for s in run_service(flow_env, service).traffic_statuses if s.percent] == [(a, 100)]
+    report = artifact(f"promotion-{service}")
+    assert f"revision {b} of {service} was rolled back at" in report and "rollback-model run" in report
+
+    # With force it is deployed, verified and promoted again, and the report says what was overridden.
+    forced = promote(service, revision="v1.0", force=True)
+    assert (forced.outcome, forced.serving_revision) == ("promoted", b)
+    assert [n for n in forced.notes if n.startswith(f"force: revision {b} of {service} was rolled back")]
+    assert "| note | force: revision" in artifact(f"promotion-{service}")

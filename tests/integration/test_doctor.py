@@ -38,6 +38,7 @@ def by_name(rows: list[checks.Check]) -> dict[str, checks.Check]:
 def all_checks(target: GcpTarget, profile: ServingProfile = L4) -> dict[str, checks.Check]:
     return by_name(
         [
+            checks.check_project_access(target),
             checks.check_apis(target, profile),
             checks.check_permissions(target, profile),
             checks.check_act_as(target),
@@ -56,8 +57,8 @@ def test_clean_project_is_all_green_in_the_flow_and_its_table(prefect_api, sb, t
     rows = doctor(target="doctor-clean", profile="l4")
     assert [r.status for r in rows] == ["ok"] * len(rows), [r for r in rows if r.status != "ok"]
     names = {r.name for r in rows}
-    assert {"APIs enabled", "deployer permissions", "actAs on the runtime service account", "GPU quota",
-            "org policy gcp.resourceLocations", "bucket location"} <= names  # fmt: skip
+    assert {"project access", "APIs enabled", "deployer permissions", "actAs on the runtime service account",
+            "GPU quota", "org policy gcp.resourceLocations", "bucket location"} <= names  # fmt: skip
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
@@ -97,7 +98,41 @@ def test_missing_role_is_a_named_failure_with_the_grant_command(sb, target):
     assert "roles/compute.networkAdmin" in row.detail and "compute.networks.create" in row.detail
     assert row.fix.startswith("gcloud projects add-iam-policy-binding sandbox-project --member=")
     assert row.fix.endswith("--role=roles/compute.networkAdmin")
+    assert row.roles == ["roles/compute.networkAdmin"]  # what doctor's grant block prints for the row
     assert checks.check_permissions(target, L4).status == "ok"  # roles restored
+
+
+def test_a_project_that_does_not_exist_fails_project_access_naming_the_id_and_roles_browser(sb, target):
+    typo = target.model_copy(update={"project": "sandbox-projcet"})
+    row = checks.check_project_access(typo)
+    assert row.status == "fail" and row.roles == ["roles/browser"]
+    assert row.detail.startswith("sandbox-projcet does not exist or you may not see it (Permission ")
+    assert "check the project id, or grant roles/browser" in row.detail and "http" not in row.detail
+
+
+def test_a_denied_read_names_the_permission_and_role_without_googles_request_line(sb, target):
+    with sb.caller_roles(["roles/run.admin"]):
+        quota = checks.check_gpu_quota(target, L4)
+        bucket = checks.check_bucket(target)
+        subnet = checks.check_subnet(target)
+    assert quota.detail == (
+        "cannot read: missing permission serviceusage.quotas.get; grant roles/serviceusage.serviceUsageViewer"
+    )
+    # Storage refuses a bucket it will not name as foreign or ours: the caller's missing project role decides.
+    assert bucket.detail == "cannot read: missing permission storage.buckets.get; grant roles/storage.admin"
+    assert subnet.status == "fail" and subnet.roles == ["roles/compute.networkAdmin"]
+
+
+def test_google_text_keeps_the_first_sentence_without_the_request_line():
+    message = (
+        "GET http://127.0.0.1:1/v1/projects/p/services:batchGet?names=projects%2Fp%2Fservices%2Frun.googleapis.com: "
+        "x@y does not have storage.buckets.get access to the Google Cloud Storage bucket. Permission "
+        "'storage.buckets.get' denied on resource (or it may not exist)."
+    )
+    assert checks.google_text(gexc.Forbidden(message)) == (
+        "x@y does not have storage.buckets.get access to the Google Cloud Storage bucket."
+    )
+    assert len(checks.google_text("word " * 100)) == checks.MAX_GOOGLE_TEXT
 
 
 def test_gpu_quota_below_max_instances_fails_with_the_quota_to_request(sb, target):
@@ -224,8 +259,10 @@ def test_promote_runs_doctor_first_when_the_target_asks_and_stops_before_any_wri
         promote_model(model="sandbox/tiny-chat", target="doctor-gate", service="doctor-gate", hub_endpoint=sb.hub_url)
     assert "gcloud services enable compute.googleapis.com --project sandbox-project" in str(failed.value)
     assert str(failed.value).splitlines()[0] == (
-        "doctor: project not ready: APIs enabled: not enabled: compute.googleapis.com."
+        "doctor: project not ready: APIs enabled: not enabled: compute.googleapis.com. | subnet: "
+        "compute.googleapis.com is not enabled, so this could not be checked."
     )
+    assert str(failed.value).count("gcloud services enable") == 1  # one cause, one fix
     writes = [r for r in sb.requests(since=since) if r["method"] != "GET" and not r["path"].endswith(READ_VERBS)]
     assert [f"{r['method']} {r['path']}" for r in writes if not r["path"].startswith("/_sandbox")] == []
     # A clean project passes the same gate and the promotion goes on (a dry run stops after rendering).

@@ -13,9 +13,12 @@ class RunLog(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
         self.lines: list[str] = []
+        self.errors: list[str] = []  # ERROR and above: a successful run has none
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        if record.levelno >= logging.ERROR:
+            self.errors.append(record.getMessage())
 
     def text(self) -> str:
         return "\n".join(self.lines)

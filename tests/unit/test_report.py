@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from blocks.profile import ServingProfile
 from tasks.builds import BuildAttempt, ImageBuildError, ImageResult
-from tasks.cost import CostEstimate
+from tasks.cost import WatchPlan, estimate
 from tasks.preflight import Finding, PreflightError
 from tasks.report import PromotionReport, Step
 from tasks.staging import StagingResult
@@ -26,9 +27,8 @@ def _promoted() -> PromotionReport:
         service_url="https://chat.run.app",
         candidate_url="https://candidate---chat.run.app",
         traffic=[("chat-new", 100)],
-        cost=CostEstimate(
-            hourly_usd=0.81, warm_hours_per_week=55, scheduled_monthly_usd=193.0, always_on_monthly_usd=590.0
-        ),
+        # deployments/gemma-4-e2b.yaml's delivery: canary [10, 50], 10 samples a step; the sidecar on; 55 h a week.
+        cost=estimate(ServingProfile.preset("l4", metrics="vllm"), 55, WatchPlan(canary=[10, 50], samples=10)),
         staging=StagingResult(
             repo_id="org/chat",
             commit="a" * 40,
@@ -80,13 +80,26 @@ def test_the_first_screen_has_outcome_revision_traffic_urls_cost_and_time():
         "| traffic now | chat-new 100 % |",
         "| service URL | https://chat.run.app |",
         "| candidate URL | https://candidate---chat.run.app |",
-        "| cost | $0.81/h per instance; $193/month at 55 warm h/week vs $590 always on |",
+        "| cost | $1.42/h per instance (L4 $0.67 + 8 vCPU $0.52 + 32 GiB $0.23); $78/week, $340/month at 55 warm "
+        "h/week (its schedule) vs $1,038/month always on |",
+        "| cost, also | weights <$0.001/month (0.00373 GiB in Cloud Storage, per staged commit); flow job $0.001 this "
+        "run (Cloud Run job, 2 vCPU, 4 GiB, 32 s); second instance $0.92 per watched re-promotion (beside the "
+        "candidate, 3 watched steps x 13 min); Managed Prometheus $0.74/month (430 series / 30 s); prices "
+        "(us-central1) and their sources: tasks/prices.py |",
         "| time | 32.1 s in all, slowest stage 20.5 s: preflight 0.1 s · stage 20.5 s · image 8.5 s · verify 3.0 s |",
     ):
         assert f"\n{row}\n" in first, f"{row} is not on the first screen:\n{first}"
     # Detailed rows stay below: the first screen is short enough to read without scrolling.
     assert "| staged |" not in first and "| step | seconds | ok |" not in first
     assert len(first.splitlines()) <= 14, first
+
+
+def test_the_second_instance_is_priced_only_where_a_serving_revision_ran_beside_the_candidate():
+    assert "second instance" in _promoted().markdown()
+    first_deploy = _promoted().model_copy(update={"previous_revision": None})
+    unchanged = _promoted().model_copy(update={"outcome": "unchanged"})
+    for report in (first_deploy, unchanged):
+        assert "second instance" not in report.markdown()
 
 
 def test_the_report_links_the_cloud_run_console_and_the_build_log():
