@@ -130,10 +130,16 @@ def run_checks(target: GcpTarget, profile: ServingProfile) -> list[Check]:
     return rows
 
 
+# A wide terminal's line: a row longer than this (a long Google text after a long check name) is cut; the artifact and
+# DoctorFailed keep every row whole.
+MAX_ROW = 160
+
+
 def table(rows: list[Check]) -> list[str]:
     """One line per check: status, name, and the row's short text (its fix is printed once, below the table)."""
     width = max(len(r.name) for r in rows)
-    return [f"{r.status.upper():<4}  {r.name:<{width}}  {r.line}" for r in rows]
+    lines = [f"{r.status.upper():<4}  {r.name:<{width}}  {r.line}" for r in rows]
+    return [line if len(line) <= MAX_ROW else line[: MAX_ROW - 1] + "…" for line in lines]
 
 
 def fix_lines(rows: list[Check], target: GcpTarget) -> list[str]:
