@@ -24,14 +24,15 @@ EVERYTHING = dict.fromkeys(
 
 @pytest.fixture
 def shared_target(flow_env) -> tuple[str, GcpTarget, str]:
-    """A target of its own (account, bucket, network, secret), saved under a name, and a profile whose services read
-    the Hub token from Secret Manager: every shared kind of resource is in use."""
+    """A target of its own (account, bucket, network, secret, registry), saved under a name, and a profile whose
+    services read the Hub token from Secret Manager: every shared kind of resource is in use."""
     n = next(_ids)
     name = f"shared-{n}"
     gcp = GcpTarget.model_validate({
         **flow_env.model_dump(), "network": f"sh-net-{n}", "subnet": f"sh-subnet-{n}",
         "service_account_name": f"sh-serving-{n}", "build_service_account_name": f"sh-build-{n}",
         "hf_token_secret": f"sh-token-{n}", "bucket": f"sh-weights-{n}", "build_bucket": f"sh-builds-{n}",
+        "artifact_repository": f"sh-images-{n}",  # not the session's: teardown deletes it
     })  # fmt: skip
     gcp.save(name, overwrite=True)
     profile = f"sh-runtime-token-{n}"

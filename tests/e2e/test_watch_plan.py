@@ -76,4 +76,4 @@ def test_a_quiet_service_whose_profile_asks_for_load_is_watched_on_the_verify_re
     assert re.search(plan, text), text[-3000:]
     assert not re.search(r"after \d+ s of \d+ s", text)
     for elapsed, window in re.findall(r"\(([\d.]+) s of the ([\d.]+) s window\)", text):
-        assert float(elapsed) < float(window)
+        assert float(elapsed) <= float(window)  # rounded to 0.1 s: at most equal
