@@ -48,6 +48,8 @@ from tasks.logs import run_logger
 from tasks.report import PromotionReport
 from tasks.rollout import Rollout
 
+QUIET_PERIODS = 10  # sampling periods a quiet service is judged over, at least: 10 minutes on Cloud Run
+
 
 class Delivery(BaseModel):
     """How traffic moves once the candidate is verified: the canary steps and the watch of each; and how the
@@ -135,7 +137,9 @@ def watch_plan(
         return [], 0, None
     if not samples:
         return delivery.canary, 0, None
-    lookback = samples * target.metrics_sample_seconds + target.metrics_delay_seconds
+    # Over the watch's window, and no shorter than QUIET_PERIODS: a couple of quiet minutes on a service with users
+    # is chance, not a quiet service. Plus Monitoring's delay, so that the span read is whole periods already shown.
+    lookback = max(samples, QUIET_PERIODS) * target.metrics_sample_seconds + target.metrics_delay_seconds
     served = monitoring_read_served_requests(target, service_id, candidate.previous_traffic, lookback)
     if served is None or served >= delivery.watch.min_requests:
         return delivery.canary, samples, None

@@ -28,6 +28,9 @@ def flow_env(sandbox, prefect_api):
         os.environ["HF_ENDPOINT"] = previous
 
 
+USERS_VISIBLE = 10  # the watch's default min_requests, the most any test asks for
+
+
 @pytest.fixture
 def traffic(flow_env):
     """Start a background client (sandbox.traffic.Traffic; ``options`` such as stream=True) on a service that already
@@ -36,6 +39,9 @@ def traffic(flow_env):
 
     from sandbox.traffic import Traffic
     from tasks import clients
+    from tasks.cloudrun import serving_traffic
+    from tasks.delivery import served_requests
+    from tests.support.locks import wait_until
 
     started: list[tuple[Traffic, threading.Thread]] = []
 
@@ -45,6 +51,12 @@ def traffic(flow_env):
         thread = threading.Thread(target=client.run, daemon=True)
         thread.start()
         started.append((client, thread))
+        # A service with users: their requests are in Cloud Monitoring (a period shows up to its delay after it ends)
+        # before the test promotes, as a real service's are; the promotion's watch reads them to decide it can judge.
+        serving = serving_traffic(flow_env, service)
+        visible = 20 * flow_env.metrics_sample_seconds + flow_env.metrics_delay_seconds
+        wait_until(lambda: (served_requests(flow_env, service, serving, visible) or 0) >= USERS_VISIBLE, 120,
+                   f"{USERS_VISIBLE} requests of {service}'s users in Cloud Monitoring")  # fmt: skip
         return client
 
     yield start
