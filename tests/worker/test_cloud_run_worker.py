@@ -107,6 +107,10 @@ def test_promote_model_runs_as_a_cloud_run_job_and_the_service_answers(
     assert [c.split()[0] for c in calls[-2:]] == ["DELETE", "DELETE"], dump(calls)  # the execution, then the job
     assert sandbox.conformance_violations() == []
     # The worker's logs and the flow's own, from the job's process, are the run's logs in Prefect; so is its report.
+    # The job's process sends its logs in batches (every 2 s), so its last ones may arrive after the run's final state:
+    # the flow's outcome line is its last.
+    logs = wait_until(lambda: (text := run_logs(prefect, flow_run_id)) if "tiny-chat: promoted; traffic " in text
+                      else None, 120, "the run's last log lines")  # fmt: skip
     assert "Creating Cloud Run JobV2" in logs and "verified http" in logs, logs[-4000:]
     assert "tiny-chat: promoted" in report(prefect, "tiny-chat")
     # The promoted service answers a chat through its URL.
@@ -174,6 +178,9 @@ def test_a_staging_longer_than_the_jobs_timeout_is_stopped_and_the_run_crashes(
 ):
     # The Hub's CDN sends 64 KiB every 5 s: the staging (4 MB) cannot finish within the job's 40 s.
     sandbox.add_fault("cdn", action="slow", delay_s=5)
+    # Nor may it finish before the cancel lands: its candidate answers /health 503 until the test ends (a first
+    # deploy is not watched, so nothing after staging would otherwise hold it).
+    sandbox.add_fault("run:cancelled-chat:candidate", method="GET", path="^/health$", action="status", status=503)
     since = sandbox.last_request_seq()
     try:
         flow_run_id = deployment_run(
@@ -230,6 +237,9 @@ def test_a_run_cancelled_mid_run_stops_its_job(
     """`prefect flow-run cancel` on a running flow: the flow in the job cancels itself (Prefect 3.9's workers kill
     only pending runs' infrastructure); the execution ends and the worker deletes the job."""
     sandbox.add_fault("cdn", action="slow", delay_s=5)
+    # Nor may it finish before the cancel lands: its candidate answers /health 503 until the test ends (a first
+    # deploy is not watched, so nothing after staging would otherwise hold it).
+    sandbox.add_fault("run:cancelled-chat:candidate", method="GET", path="^/health$", action="status", status=503)
     since = sandbox.last_request_seq()
     try:
         flow_run_id = deployment_run(
@@ -242,6 +252,7 @@ def test_a_run_cancelled_mid_run_stops_its_job(
         cancelled = finished(prefect, flow_run_id)
     finally:
         sandbox.clear_faults("cdn")
+        sandbox.clear_faults("run:cancelled-chat:candidate")
     assert cancelled.state_name == "Cancelled", cancelled.state
     path = f"/v2/projects/sandbox-project/locations/us-central1/jobs/{job}"
     wait_until(lambda: httpx.get(f"{sandbox.control_url}{path}", timeout=30).status_code == 404, 120, "the job gone")
