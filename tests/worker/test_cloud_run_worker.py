@@ -109,8 +109,11 @@ def test_promote_model_runs_as_a_cloud_run_job_and_the_service_answers(
     # The worker's logs and the flow's own, from the job's process, are the run's logs in Prefect; so is its report.
     # The job's process sends its logs in batches (every 2 s), so its last ones may arrive after the run's final state:
     # the flow's outcome line is its last.
-    logs = wait_until(lambda: (text := run_logs(prefect, flow_run_id)) if "tiny-chat: promoted; traffic " in text
-                      else None, 120, "the run's last log lines")  # fmt: skip
+    def all_logs() -> str | None:
+        text = run_logs(prefect, flow_run_id)
+        return text if "tiny-chat: promoted; traffic " in text else None
+
+    logs = wait_until(all_logs, 120, "the run's last log lines")
     assert "Creating Cloud Run JobV2" in logs and "verified http" in logs, logs[-4000:]
     assert "tiny-chat: promoted" in report(prefect, "tiny-chat")
     # The promoted service answers a chat through its URL.
