@@ -106,6 +106,7 @@ def test_promote_model_runs_as_a_cloud_run_job_and_the_service_answers(
     assert any(c.startswith("GET") and "/executions/" in c for c in calls), dump(calls)
     assert [c.split()[0] for c in calls[-2:]] == ["DELETE", "DELETE"], dump(calls)  # the execution, then the job
     assert sandbox.conformance_violations() == []
+
     # The worker's logs and the flow's own, from the job's process, are the run's logs in Prefect; so is its report.
     # The job's process sends its logs in batches (every 2 s), so its last ones may arrive after the run's final state:
     # the flow's outcome line is its last.
