@@ -254,6 +254,6 @@ def _usd(value: float) -> str:
     """Whole dollars from $10, cents below, tenths of a cent under $0.10 (a Prometheus hour is fractions of one)."""
     if value >= 10:
         return f"${value:,.0f}"
-    if value < 0.001:  # a sandbox model's weights: "$0.000" would read as free
+    if value < 0.001:  # a model of a few MB stored for a month: "$0.000" would read as free
         return "<$0.001"
     return f"${value:.2f}" if value >= 0.1 else f"${value:.3f}"
