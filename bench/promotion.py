@@ -48,7 +48,7 @@ def _count_writes(sb, since: int) -> dict[str, int]:
 
 
 def _revisions(target, service: str) -> int:
-    from tasks import clients
+    from tasks.common import clients
 
     parent = f"{target.location_path}/services/{service}"
     try:
@@ -73,7 +73,7 @@ def promotion_figures(sb, scratch: Path) -> dict:
     """For a pinned image and for one Cloud Build builds: the first promotion, then the same inputs again."""
     from flows.common import load_target
     from flows.promote import promote_model
-    from tasks.probe import VerifyOptions
+    from tasks.deploy.probe import VerifyOptions
 
     verify = VerifyOptions(health_period_s=0.05)
     target = load_target("sandbox")
@@ -106,7 +106,7 @@ def promotion_figures(sb, scratch: Path) -> dict:
 def readiness_lag(periods: tuple[float, ...] = (0.05, 0.2, 1.0), trials: int = 5) -> list[dict]:
     """Start a vLLM stand-in, note when its port first answers /health (polling every millisecond on another
     thread: the truth), and when the verifier's /health loop at ``period`` notices. Lag vs period."""
-    from tasks.probe import VerifyOptions, wait_healthy
+    from tasks.deploy.probe import VerifyOptions, wait_healthy
 
     results = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -170,7 +170,7 @@ def _tiny_model(folder: Path) -> Path:
 
 
 def cost_figures(warm_hours_per_week: float = 55) -> list[dict]:
-    from tasks.cost import HOURS_PER_WEEK, estimate
+    from tasks.report.cost import HOURS_PER_WEEK, estimate
 
     rows = []
     for name in ("l4", "rtx-pro-6000", "cpu"):

@@ -4,7 +4,7 @@ post-promotion watch's sampling period, measured in one run against the sandbox.
 For each Cloud Monitoring visibility delay (simulated seconds; the sampling period is 60 simulated s), a fresh
 service is promoted once (the old revision), a background client calls its URL the whole time (one prompt in three
 long), and a candidate that passes the probes but answers every long prompt 500 is promoted with the watch on. The
-watch (tasks/delivery.py) breaches and moves traffic back. Client-side monotonic times:
+watch (tasks/watch/canary.py) breaches and moves traffic back. Client-side monotonic times:
 
 - t_bad: the client receives its first 5xx (from the candidate);
 - t_back: the start of the first request answered by the old revision after which no answer came from the candidate
@@ -81,8 +81,8 @@ def measure(sb, case: int, delay_s: float, time_scale: float, samples: int, kind
     from flows.common import load_target
     from flows.promote import promote_model
     from sandbox.traffic import Traffic
-    from tasks import clients
-    from tasks.probe import VerifyOptions
+    from tasks.common import clients
+    from tasks.deploy.probe import VerifyOptions
 
     target_json = _use_delay(sb, delay_s, time_scale)
     period, delay = target_json["metrics_sample_seconds"], target_json["metrics_delay_seconds"]

@@ -4,7 +4,7 @@
 
 For each model size it generates a sharded safetensors model on the sandbox Hub, then measures, each in its
 own child process and into its own empty bucket:
-  ours      tasks.staging.stage_model (Hub -> GCS streaming, verified, manifest last)
+  ours      tasks.weights.staging.stage_model (Hub -> GCS streaming, verified, manifest last)
   again     the same call once more (everything verified and skipped)
   baseline  the seeds' way: snapshot_download to a temporary folder, then upload each file
   ceiling   the same bytes, already in memory, uploaded with the same client, the same StagingOptions
@@ -78,10 +78,10 @@ def child(method: str, spec: dict) -> None:
     from pydantic import SecretStr
 
     from blocks import GcpTarget, ModelSource
-    from tasks import clients
-    from tasks.hub import resolve_model
-    from tasks.selection import select_files
-    from tasks.staging import StagingOptions, stage_model
+    from tasks.common import clients
+    from tasks.weights.hub import resolve_model
+    from tasks.weights.selection import select_files
+    from tasks.weights.staging import StagingOptions, stage_model
 
     target = GcpTarget.model_validate(spec["target"])
     source = ModelSource.model_validate(spec["source"])
@@ -227,7 +227,7 @@ def _summarise(runs: list[dict], total: int) -> dict:
 
 def measure(sb, size_gib: float, scratch: str, options: dict, methods: tuple[str, ...], repeat: int) -> dict:
     from blocks import GcpTarget
-    from tasks import clients
+    from tasks.common import clients
 
     repo_id = REPO.format(size=f"{size_gib:g}")
     started = time.perf_counter()

@@ -23,7 +23,7 @@ class GpuSpec:
     """GPU price per hour without zonal redundancy (us-central1, 2026-08)."""
     compute_capability: tuple[int, int]
     """CUDA compute capability (NVIDIA's CUDA GPUs list: L4 8.9, RTX PRO 6000 Blackwell 12.0); vLLM checks dtypes and
-    quantization kernels against it (tasks/vllm_rules.py)."""
+    quantization kernels against it (tasks/checks/vllm_rules.py)."""
     per_instance: int = 1
     """GPUs one Cloud Run instance gets: exactly one (FACTS.md), so vLLM parallelism cannot exceed 1."""
     launch_stage: LaunchStage = "GA"

@@ -31,9 +31,9 @@ from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
 from flows.common import DEFAULT_TARGET
 from flows.project import PROJECT_DIR
-from tasks.infra import get_or_create_service_account
-from tasks.permissions import DEPLOYER_ROLES, grant_command
-from tasks.work_pool import (
+from tasks.common.permissions import DEPLOYER_ROLES, grant_command
+from tasks.infra.ensure import get_or_create_service_account
+from tasks.report.work_pool import (
     DEFAULT_STAGING_MB_S,
     JobSize,
     build_worker_image,
@@ -150,8 +150,8 @@ def model_weights(model_dir: Path) -> tuple[int, list[str]]:
     for gated ones), and one line per file; a file whose size cannot be read says why and is left out."""
     from flows.common import read_spec
     from flows.promote import hf_resolve_model
-    from tasks.hub import HubRetryPolicy
-    from tasks.staging import StagingOptions
+    from tasks.weights.hub import HubRetryPolicy
+    from tasks.weights.staging import StagingOptions
 
     options = StagingOptions(retry=HubRetryPolicy(max_attempts=2, budget_s=30))  # a setup step: no long waits
     largest, lines = 0, []
@@ -172,7 +172,7 @@ def model_weights(model_dir: Path) -> tuple[int, list[str]]:
 
 
 def pool_job_size(model_dir: Path, staging_mb_s: float) -> JobSize | None:
-    """The Cloud Run pool's job size for the largest model the project stages (tasks/work_pool.py ``job_size``);
+    """The Cloud Run pool's job size for the largest model the project stages (tasks/report/work_pool.py ``job_size``);
     None, keeping the defaults, when no model file's size could be read."""
     largest, lines = model_weights(model_dir)
     print("model files (the pool's jobs are sized for the largest):")

@@ -17,9 +17,9 @@ from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 from flows.service_lock import ServiceLock, held
 from flows.service_lock import service_lock_name as lock_name
-from tasks.delivery import WatchOptions, check_canary
-from tasks.rollout import Rollout
-from tasks.schedules import WarmHours
+from tasks.deploy.rollout import Rollout
+from tasks.report.schedules import WarmHours
+from tasks.watch.canary import WatchOptions, check_canary
 
 M = TypeVar("M", bound=BaseModel)
 B = TypeVar("B", bound=Block)

@@ -24,7 +24,10 @@ from pydantic import BaseModel
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from flows.service_lock import ServiceLock
-from tasks.cloudrun import (
+from tasks.common.gcp import InfraError
+from tasks.common.logs import run_logger
+from tasks.common.naming import PREVIOUS_TAG
+from tasks.deploy.cloudrun import (
     Candidate,
     run_abandon_candidate,
     run_promote_candidate,
@@ -32,28 +35,25 @@ from tasks.cloudrun import (
     run_shift_to_canary,
     serving_traffic,
 )
-from tasks.delivery import (
-    PREVIOUS_TAG,
+from tasks.deploy.rollout import Rollout
+from tasks.deploy.traffic import describe_split
+from tasks.report.report import PromotionReport
+from tasks.watch.canary import (
     RolledBack,
     StepResult,
     WatchBreached,
     WatchLoad,
     WatchOptions,
-    describe_split,
     monitoring_read_served_requests,
     monitoring_watch_revision,
 )
-from tasks.gcp import InfraError
-from tasks.logs import run_logger
-from tasks.report import PromotionReport
-from tasks.rollout import Rollout
 
 QUIET_PERIODS = 10  # sampling periods a quiet service is judged over, at least: 10 minutes on Cloud Run
 
 
 class Delivery(BaseModel):
     """How traffic moves once the candidate is verified: the canary steps and the watch of each; and how the
-    candidate gets its GPU (``rollout``: beside the serving revision, or in its place: tasks/rollout.py)."""
+    candidate gets its GPU (``rollout``: beside the serving revision, or in its place: tasks/deploy/rollout.py)."""
 
     canary: list[int]
     watch: WatchOptions

@@ -22,10 +22,10 @@ from prefect.states import Failed
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from flows.common import load_profile, load_target
-from tasks import clients
-from tasks import doctor as checks
-from tasks.doctor import Check, DoctorFailed
-from tasks.progress import artifact_key
+from tasks.checks import doctor as checks
+from tasks.checks.doctor import Check, DoctorFailed
+from tasks.common import clients
+from tasks.common.progress import artifact_key
 
 
 @task(name="doctor_check_project_access")

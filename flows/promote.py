@@ -25,10 +25,23 @@ from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_s
 from flows.delivery import Delivery, at_100, deliver, fenced, watch_plan, watch_promoted
 from flows.doctor import check_project
 from flows.service_lock import ServiceLock
-from tasks import access, act_as, build_identity, clients, infra, verdicts
-from tasks.builds import cloudbuild_run_build, resolve_image, source_digest
-from tasks.cloudrun import (
-    CANDIDATE_TAG,
+from tasks.checks import act_as
+from tasks.checks.preflight import (
+    ModelFacts,
+    check_candidate_quota,
+    check_model,
+    check_profile,
+    check_service,
+    raise_on_errors,
+)
+from tasks.checks.quotas import Need, check_region_quotas, gpu_quota
+from tasks.common import clients
+from tasks.common.gcp import explain_forbidden
+from tasks.common.logs import run_logger
+from tasks.common.naming import CANDIDATE_TAG
+from tasks.common.progress import artifact_key
+from tasks.deploy import verdicts
+from tasks.deploy.cloudrun import (
     Candidate,
     revision_names,
     run_abandon_candidate,
@@ -39,33 +52,23 @@ from tasks.cloudrun import (
     service_path,
     serving_traffic,
 )
-from tasks.cost import WatchPlan, estimate
-from tasks.delivery import (
+from tasks.deploy.probe import VerifyOptions
+from tasks.deploy.render import Weights, gcloud_command, render_service, revision_name, service_yaml
+from tasks.deploy.rollout import Rollout, run_resume_serving, run_stop_serving
+from tasks.image.builds import cloudbuild_run_build, resolve_image, source_digest
+from tasks.image.images import build_plan, content_tag, render_build, render_build_yaml
+from tasks.infra import access, build_identity, ensure
+from tasks.report.cost import WatchPlan, estimate
+from tasks.report.report import PromotionReport
+from tasks.report.schedules import WarmHours
+from tasks.watch.canary import (
     WatchOptions,
     check_canary,
     monitoring_read_revision,
 )
-from tasks.gcp import explain_forbidden
-from tasks.hub import read_json_file, resolve_model
-from tasks.images import build_plan, content_tag, render_build, render_build_yaml
-from tasks.logs import run_logger
-from tasks.preflight import (
-    ModelFacts,
-    check_candidate_quota,
-    check_model,
-    check_profile,
-    check_service,
-    raise_on_errors,
-)
-from tasks.probe import VerifyOptions
-from tasks.progress import artifact_key
-from tasks.quotas import Need, check_region_quotas, gpu_quota
-from tasks.render import Weights, gcloud_command, render_service, revision_name, service_yaml
-from tasks.report import PromotionReport
-from tasks.rollout import Rollout, run_resume_serving, run_stop_serving
-from tasks.schedules import WarmHours
-from tasks.selection import check_index, index_to_check, select_files
-from tasks.staging import StagingOptions, commit_prefix, hf_stage_model
+from tasks.weights.hub import read_json_file, resolve_model
+from tasks.weights.selection import check_index, index_to_check, select_files
+from tasks.weights.staging import StagingOptions, commit_prefix, hf_stage_model
 
 SAFETENSORS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -99,23 +102,23 @@ def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: Mo
 
     Each resource is its own task run, so the run graph shows which one failed; they run one after the other in
     this order (a grant needs its account and bucket). Returns one line per resource: what was done to it."""
-    steps = [infra.gcs_ensure_bucket, infra.compute_ensure_network, infra.compute_ensure_subnet,
-             infra.iam_ensure_service_account]  # fmt: skip
+    steps = [ensure.gcs_ensure_bucket, ensure.compute_ensure_network, ensure.compute_ensure_subnet,
+             ensure.iam_ensure_service_account]  # fmt: skip
     if profile.build is not None:  # builds only: none otherwise
-        steps[1:1] = [infra.artifactregistry_ensure_repository, infra.gcs_ensure_build_bucket]
+        steps[1:1] = [ensure.artifactregistry_ensure_repository, ensure.gcs_ensure_build_bucket]
     results = [step(target) for step in steps]
     # Deploying as the serving account needs actAs on it: say so now, before any weights are staged.
     act_as.iam_check_act_as(target, target.service_account_email, "deploying as the serving account")
     results.append(access.gcs_grant_object_viewer(target))
     if profile.metrics == "vllm":  # the Prometheus sidecar writes vLLM's metrics as the serving account
         results.append(access.resourcemanager_grant_metric_writer(target))
-    if profile.build is not None:  # builds run as their own least-privilege identity (tasks/build_identity.py)
+    if profile.build is not None:  # builds run as their own least-privilege identity (tasks/infra/build_identity.py)
         results += [step(target) for step in build_identity.BUILD_IDENTITY_TASKS]
         act_as.iam_check_act_as(target, target.build_service_account_email, "building as the build identity")
     if profile.hf_token_at_runtime:
         # The token is read inside its task from the source's Secret block (or HF_TOKEN): never a parameter,
         # so it never shows among the run's parameters in the UI, and never logged. Preflight made sure it exists.
-        results += [infra.secretmanager_ensure_hf_token(target, source), access.secretmanager_grant_accessor(target)]
+        results += [ensure.secretmanager_ensure_hf_token(target, source), access.secretmanager_grant_accessor(target)]
     return [f"{r.kind} {r.name}: {r.action}" + (f" ({'; '.join(r.changes)})" if r.changes else "") for r in results]
 
 

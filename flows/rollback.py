@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
-from tasks.cloudrun import Rollback, run_rollback
-from tasks.outcome import publish, rollback_outcome, run_read_service
+from tasks.deploy.cloudrun import Rollback, run_rollback
+from tasks.report.outcome import publish, rollback_outcome, run_read_service
 
 
 @flow(name="rollback-model", log_prints=True)

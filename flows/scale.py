@@ -10,10 +10,10 @@ from prefect.runtime import deployment, flow_run
 
 from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
-from tasks.cloudrun import Scaling, run_scale_service
-from tasks.gcp import InfraError
-from tasks.outcome import publish, run_read_service, scale_outcome, skipped_scale
-from tasks.schedules import late_scale_up, promote_command
+from tasks.common.gcp import InfraError
+from tasks.deploy.cloudrun import Scaling, run_scale_service
+from tasks.report.outcome import publish, run_read_service, scale_outcome, skipped_scale
+from tasks.report.schedules import late_scale_up, promote_command
 
 
 def started_by_schedule() -> str | None:

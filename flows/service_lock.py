@@ -35,7 +35,7 @@ from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-from tasks.logs import run_logger
+from tasks.common.logs import run_logger
 
 LOCK_LEASE_S = 60  # the server accepts no shorter lease: a run killed holding the lock frees it after a minute
 RENEW_EVERY_S = LOCK_LEASE_S / 4  # three tries fit in one lease before it could lapse

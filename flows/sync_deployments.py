@@ -26,8 +26,8 @@ from pathlib import Path
 import yaml
 
 from flows.common import DEFAULT_TARGET, read_spec, validated
-from tasks.cloudrun import service_id_for
-from tasks.schedules import WarmHours, hours_deployment
+from tasks.deploy.cloudrun import service_id_for
+from tasks.report.schedules import WarmHours, hours_deployment
 
 ROOT = Path(__file__).resolve().parent.parent
 SANDBOX_MODELS = ROOT / "deployments" / "sandbox"

@@ -7,12 +7,12 @@ from prefect.artifacts import create_markdown_artifact
 
 from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
-from tasks.build_identity import iam_delete_build_service_account
-from tasks.gcp import EnsureResult
-from tasks.progress import artifact_key
-from tasks.shared_use import TargetUsage, run_read_usage
-from tasks.subnet_hold import SubnetHold, prefect_schedule_network_retry
-from tasks.teardown import (
+from tasks.common.gcp import EnsureResult
+from tasks.common.progress import artifact_key
+from tasks.infra.build_identity import iam_delete_build_service_account
+from tasks.infra.shared_use import TargetUsage, run_read_usage
+from tasks.infra.subnet_hold import SubnetHold, prefect_schedule_network_retry
+from tasks.infra.teardown import (
     artifactregistry_delete_repository,
     check_service_name,
     compute_delete_network,

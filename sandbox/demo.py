@@ -56,8 +56,8 @@ def run_demo(state_dir: Path, engine: str = "stand-in") -> int:
         os.environ["HF_ENDPOINT"] = sandbox.hub_url  # where "the Hub" is for this run
         from flows.promote import promote_model
         from sandbox.blocks import save_sandbox_blocks
-        from tasks.preflight import PreflightError
-        from tasks.probe import VerifyOptions
+        from tasks.checks.findings import PreflightError
+        from tasks.deploy.probe import VerifyOptions
 
         _quiet_console(logging.WARNING)  # the report below says what happened
         target = save_sandbox_blocks(state_dir)

@@ -1,1 +1,1 @@
-"""Prefect tasks, one module per concern; each cloud API is reached through tasks.clients."""
+"""Prefect tasks, one module per concern; each cloud API is reached through tasks.common.clients."""

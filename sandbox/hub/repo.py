@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from sandbox.hub.blobs import Blob, BytesBlob, blob_sha256, git_blob_oid, lfs_pointer
+from sandbox.hub.blobs import Blob, blob_sha256, git_blob_oid, lfs_pointer
 
 # The user behind SANDBOX_HF_TOKEN: owner of every seeded repo and granted every gated licence.
 OWNER_USER = "sandbox-user"
@@ -160,7 +160,3 @@ class Repo:
         """Whether ``user`` (None: anonymous) may see a private repo or download a gated one."""
         return user is not None and user in self.granted
 
-
-def text_file(path: str, text: str) -> RepoFile:
-    """A small UTF-8 file."""
-    return make_file(path, BytesBlob(text.encode()))

@@ -33,7 +33,7 @@ class Terminated(BaseException):
     """SIGTERM or SIGINT arrived: Cloud Run is stopping the instance."""
 
 
-def _on_signal(signum: int, frame: FrameType | None) -> None:
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 

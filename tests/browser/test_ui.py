@@ -42,7 +42,7 @@ SHOT_NAMES = ("promoted-report.png", "refusal-report.png", "flow-run.png", "run-
 # Rendering on 2 busy cores: the first page compiles the UI's JavaScript while the server answers other requests.
 TIMEOUT_MS = 60_000
 
-# PreflightError lists each error finding as "- error: SETTING: MESSAGE" (tasks/preflight.py, Finding.__str__).
+# PreflightError lists each error finding as "- error: SETTING: MESSAGE" (tasks/checks/preflight.py, Finding.__str__).
 FINDING = re.compile(r"^- (error|warning): ([\w.\[\]-]+): (.+)$", re.MULTILINE)
 
 
@@ -267,7 +267,7 @@ def test_the_flow_run_page_shows_the_promoted_run(ui, history: History):
 def test_the_run_logs_render(ui, history: History):
     page, base, shot = ui
     run = history.promoted
-    # Our own INFO line (tasks/staging.py), proof that the product's logs reach the API despite the quiet console.
+    # Our own INFO line (tasks/weights/staging.py): the product's logs reach the API despite the quiet console.
     staging = [entry["message"] for entry in history.logs if entry["message"].startswith("staging ")]
     assert staging, f"no 'staging ...' INFO line in {run.name}'s logs: {[e['message'] for e in history.logs]}"
     page.goto(f"{base}/runs/flow-run/{run.id}")

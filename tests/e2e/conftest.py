@@ -38,9 +38,9 @@ def traffic(flow_env):
     import threading
 
     from sandbox.traffic import Traffic
-    from tasks import clients
-    from tasks.cloudrun import serving_traffic
-    from tasks.delivery import served_requests
+    from tasks.common import clients
+    from tasks.deploy.cloudrun import serving_traffic
+    from tasks.watch.canary import served_requests
     from tests.support.locks import wait_until
 
     started: list[tuple[Traffic, threading.Thread]] = []

@@ -18,8 +18,8 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from blocks import ServingProfile
 from flows.service_lock import LOCK_LEASE_S
-from tasks import clients
-from tasks.staging import MANIFEST, commit_prefix
+from tasks.common import clients
+from tasks.weights.staging import MANIFEST, commit_prefix
 from tests.support.locks import lock_slots
 from tests.support.prefect_server import prefect_server, run_command
 
@@ -105,7 +105,7 @@ def test_promote_model_runs_from_its_deployment_and_reports(server, sandbox, san
     assert "| watch 100 % |" not in text and "| note | watch skipped: a first deploy" in text
     assert {ok for _, _, ok in steps} == {"yes"}
     assert float({name: s for name, s, _ in steps}["verify"]) > 0  # the probe took time
-    # deployments/tiny-chat.yaml keeps one instance warm 08:00-19:00 Mon-Fri: 55 h a week (prices: tasks/prices.py).
+    # deployments/tiny-chat.yaml keeps one instance warm 08:00-19:00 Mon-Fri: 55 h a week (tasks/report/prices.py).
     hourly = l4.hourly_usd
     month = 365.25 / 12 / 7
     assert (

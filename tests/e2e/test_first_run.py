@@ -8,8 +8,8 @@ import pytest
 
 from blocks import ServingProfile
 from flows.promote import promote_model
-from tasks import clients
-from tasks.probe import VerifyOptions
+from tasks.common import clients
+from tasks.deploy.probe import VerifyOptions
 from tests.support.delivery import NO_WATCH
 from tests.support.run_log import run_logs
 

@@ -22,8 +22,9 @@ from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.teardown import teardown
-from tasks import clients, infra
-from tasks.probe import VerifyOptions
+from tasks.common import clients
+from tasks.deploy.probe import VerifyOptions
+from tasks.infra import ensure
 from tests.support.delivery import NO_WATCH
 from tests.support.locks import lock_slots, wait_until
 
@@ -200,7 +201,7 @@ def test_a_runtime_token_reaches_the_service_only_through_secret_manager(sb, flo
     env = {var.name: var for var in revision.containers[0].env}
     assert env["HF_TOKEN"].value == ""  # a reference, never the value
     assert env["HF_TOKEN"].value_source.secret_key_ref.secret == flow_env.hf_token_secret
-    secret = infra.secret_path(flow_env)
+    secret = ensure.secret_path(flow_env)
     manager = clients.secret_manager(flow_env)
     assert manager.access_secret_version(name=f"{secret}/versions/latest").payload.data.decode() == sb.hub_token
     bindings = [(b.role, list(b.members)) for b in manager.get_iam_policy(request={"resource": secret}).bindings]
@@ -373,7 +374,7 @@ def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, ser
     account = iam.session.get(iam.url(f"projects/{gcp.project}/serviceAccounts/{gcp.service_account_email}"))
     assert account.status_code == 404
     with pytest.raises(gexc.NotFound):
-        clients.secret_manager(gcp).get_secret(name=infra.secret_path(gcp))
+        clients.secret_manager(gcp).get_secret(name=ensure.secret_path(gcp))
     assert clients.storage(gcp).lookup_bucket(gcp.bucket_name) is None
 
     again = teardown(service=service, target=target, **everything)  # idempotent: all already gone

@@ -18,7 +18,7 @@ import pytest
 from blocks import ServingProfile
 from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
 from flows.promote import promote_model
-from tasks.probe import VerifyOptions
+from tasks.deploy.probe import VerifyOptions
 from tests.support.delivery import NO_WATCH
 from tests.support.identity import bearer
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
 MODEL = "sandbox/tiny-chat"
 _ids = itertools.count()
-# The expected weight-load rate sizes the startup probe window (tasks/render.py). A low one gives these runs
+# The expected weight-load rate sizes the startup probe window (tasks/deploy/render.py). A low one gives these runs
 # a window of several real seconds, so an image whose entrypoint is a script (a shell, then vLLM) still
 # starts within it on a busy 2-core host, where process start-up is real time, not simulated time.
 PATIENT_LOAD_RATE_MB_S = 0.02
@@ -46,7 +46,7 @@ COPY chat-template.jinja /templates/chat-template.jinja
 ENTRYPOINT ["vllm", "serve"]
 """
 # The same without an ENTRYPOINT: the image keeps Google's launcher, which execs its args (seed 000), so the render
-# must give it `vllm serve ...` as for the pinned image (tasks/images.py keeps_model_garden_launcher).
+# must give it `vllm serve ...` as for the pinned image (tasks/image/images.py keeps_model_garden_launcher).
 LAUNCHER_DOCKERFILE = f"""\
 FROM {MODEL_GARDEN_VLLM_IMAGE} AS base
 COPY chat-template.jinja /templates/chat-template.jinja

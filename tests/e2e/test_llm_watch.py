@@ -15,9 +15,9 @@ import pytest
 
 from blocks.profile import ServingProfile
 from flows.promote import promote_model
-from tasks.monitoring import LatencyHistogram, list_series
-from tasks.probe import VerifyOptions
-from tasks.vllm_metrics import TTFT, _add_histogram_delta, _step_deltas, revision_filter
+from tasks.deploy.probe import VerifyOptions
+from tasks.watch.monitoring import LatencyHistogram, list_series
+from tasks.watch.vllm_metrics import TTFT, _add_histogram_delta, _step_deltas, revision_filter
 from tests.e2e.test_flows import artifact, run_service
 
 pytestmark = pytest.mark.prefect

@@ -24,9 +24,9 @@ from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.teardown import teardown
 from sandbox.handle import SandboxHandle
-from tasks.doctor import Check, DoctorFailed
-from tasks.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
-from tasks.probe import VerifyOptions
+from tasks.checks.doctor import Check, DoctorFailed
+from tasks.common.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
+from tasks.deploy.probe import VerifyOptions
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)

@@ -10,9 +10,9 @@ import itertools
 import pytest
 from google.cloud import compute_v1
 
-from tasks import clients
-from tasks import doctor as checks
-from tasks.cloudrun import DeployFailed, deploy_candidate
+from tasks.checks import doctor as checks
+from tasks.common import clients
+from tasks.deploy.cloudrun import DeployFailed, deploy_candidate
 from tests.e2e.test_flows import promote, run_service
 
 pytestmark = pytest.mark.prefect

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from flows.promote import promote_model
-from tasks.probe import VerifyOptions
+from tasks.deploy.probe import VerifyOptions
 from tests.e2e.test_flows import artifact, run_service
 
 pytestmark = pytest.mark.prefect
@@ -152,7 +152,8 @@ def test_a_watch_that_cannot_read_the_metrics_fails_before_traffic_moves(sb, flo
 def test_a_rerun_finishes_the_watch_of_a_promotion_killed_while_watching(sb, flow_env, service):
     from google.cloud import run_v2
 
-    from tasks.cloudrun import BY_REVISION, PREVIOUS_TAG, _set_traffic
+    from tasks.common.naming import PREVIOUS_TAG
+    from tasks.deploy.cloudrun import BY_REVISION, _set_traffic
 
     old = promote(service, watch={"samples": 0}).serving_revision
     new = promote(service, revision="dev", watch={"samples": 0}).serving_revision

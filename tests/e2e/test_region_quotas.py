@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flows.promote import promote_model
-from tasks.quotas import QuotaExceeded
+from tasks.checks.quotas import QuotaExceeded
 from tests.e2e.test_flows import artifact
 from tests.support.sandbox_config import sandbox_settings
 

@@ -1,6 +1,6 @@
 """A re-promotion on one GPU (the RTX Pro 6000's default quota): the candidate cannot start beside the serving
 revision, so zero-downtime is refused before anything is spent, naming the quota and the choice; `rollout: replace`
-stops the serving revision first (manual scaling to 0, tasks/rollout.py), verifies the candidate on the freed GPU
+stops the serving revision first (manual scaling to 0, tasks/deploy/rollout.py), verifies the candidate on the freed GPU
 and moves all traffic to it, reporting the downtime it caused.
 
 The sandbox counts running instances' GPUs against the quota here (``runtime_gpu_quota``), as Cloud Run does ("About
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tasks import clients
-from tasks.cloudrun import DeployFailed, deploy_candidate
-from tasks.preflight import PreflightError
+from tasks.checks.findings import PreflightError
+from tasks.common import clients
+from tasks.deploy.cloudrun import DeployFailed, deploy_candidate
 from tests.e2e.test_flows import artifact, promote, run_service
 from tests.support.run_log import run_logs
 

@@ -11,7 +11,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 
 from blocks import ServingProfile
 from flows.promote import promote_model
-from tasks import clients
+from tasks.common import clients
 from tests.e2e.test_flows import FAST
 from tests.support.delivery import NO_WATCH
 

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from flows.rollback import rollback_model
-from tasks import clients
+from tasks.common import clients
 from tests.e2e.test_flows import promote, run_service
 
 pytestmark = pytest.mark.prefect

@@ -22,9 +22,9 @@ from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, tempor
 from flows.common import service_lock_name
 from flows.promote import promote_model
 from flows.service_lock import LOCK_LEASE_S, ServiceLockTimeout, held
-from tasks.cloudrun import rollback
-from tasks.logs import PACKAGE_LOGGER
-from tasks.probe import VerifyOptions
+from tasks.common.logs import PACKAGE_LOGGER
+from tasks.deploy.cloudrun import rollback
+from tasks.deploy.probe import VerifyOptions
 from tests.e2e.test_flows import artifact, run_service
 from tests.support.locks import lock_slots, wait_until
 from tests.support.run_log import RunLog, run_logs

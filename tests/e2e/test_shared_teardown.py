@@ -12,7 +12,7 @@ import pytest
 
 from blocks import GcpTarget, ServingProfile
 from flows.teardown import teardown
-from tasks import clients
+from tasks.common import clients
 from tests.e2e.test_flows import artifact, promote, run_service
 
 pytestmark = pytest.mark.prefect

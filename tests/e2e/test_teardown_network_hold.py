@@ -19,7 +19,8 @@ from prefect.flow_engine import run_flow
 
 from blocks import GcpTarget
 from flows.teardown import teardown
-from tasks import clients, infra
+from tasks.common import clients
+from tasks.infra import ensure
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import gpu_service
 
@@ -36,7 +37,7 @@ def held_target(flow_env) -> tuple[str, GcpTarget, str]:
         {**flow_env.model_dump(), "network": f"hold-net-{n}", "subnet": f"hold-subnet-{n}", "bucket": f"hold-{n}"}
     )
     gcp.save(name, overwrite=True)
-    for step in (infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet):
+    for step in (ensure.ensure_bucket, ensure.ensure_network, ensure.ensure_subnet):
         step(gcp)
     upload_model(clients.storage(gcp), gcp.bucket_name, "models/tiny", tiny_model_files())
     service = f"hold-svc-{n}"

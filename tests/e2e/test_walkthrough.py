@@ -20,8 +20,8 @@ import yaml
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-from tasks import clients
-from tasks.cloudrun import service_id_for
+from tasks.common import clients
+from tasks.deploy.cloudrun import service_id_for
 from tests.support.prefect_server import PREFECT, ROOT, prefect_server, run_command
 
 pytestmark = pytest.mark.slow

@@ -25,9 +25,9 @@ from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.teardown import teardown
 from sandbox.traffic import Traffic
-from tasks import clients
-from tasks.delivery import WatchOptions
-from tasks.probe import VerifyOptions
+from tasks.common import clients
+from tasks.deploy.probe import VerifyOptions
+from tasks.watch.canary import WatchOptions
 from tests.e2e.test_flows import run_service
 from tests.support.engine import engine_ports, listening_pid, loaded_extensions, revision_log
 from tests.support.identity import bearer

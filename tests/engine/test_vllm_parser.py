@@ -19,8 +19,8 @@ import pytest
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
 from blocks.profile import PRESETS
-from tasks.images import RECIPES_DIR
-from tasks.render import Weights, entrypoint_style, render_service
+from tasks.deploy.render import Weights, entrypoint_style, render_service
+from tasks.image.images import RECIPES_DIR
 
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")
 SOURCE = ModelSource(repo_id="google/gemma-4-E2B-it")

@@ -135,12 +135,13 @@ def test_a_bad_key_file_is_refused_naming_the_option(sandbox, capsys, tmp_path, 
 
 
 def test_the_pools_jobs_are_sized_for_the_largest_model_file(sandbox, monkeypatch, capsys, prefect_api):
-    """Bootstrap reads each model file's weights on the Hub and sizes the jobs for the largest (tasks/work_pool.py)."""
+    """Bootstrap reads each model file's weights on the Hub and sizes the jobs for the largest
+    (tasks/report/work_pool.py)."""
     from huggingface_hub import HfApi
 
     from flows.bootstrap import pool_job_size
     from flows.project import PROJECT_DIR
-    from tasks.work_pool import job_size
+    from tasks.report.work_pool import job_size
 
     monkeypatch.setenv("HF_ENDPOINT", sandbox.hub_url)
     monkeypatch.setenv("HF_TOKEN", sandbox.hub_token)

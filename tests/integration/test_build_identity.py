@@ -17,8 +17,9 @@ from google.api_core import exceptions
 from google.cloud.devtools import cloudbuild_v1 as cb
 
 from blocks import GcpTarget, ImageBuild
-from tasks import build_identity, clients, infra
-from tasks.builds import ImageBuildError, build_image
+from tasks.common import clients
+from tasks.image.builds import ImageBuildError, build_image
+from tasks.infra import build_identity, ensure
 
 Status = cb.Build.Status
 _ids = itertools.count()
@@ -37,9 +38,9 @@ def target(sandbox_target) -> GcpTarget:
             "build_service_account_name": f"build-id-{n}",
         }
     )
-    infra.ensure_bucket(fresh)
-    infra.ensure_build_bucket(fresh)
-    infra.ensure_artifact_registry(fresh)
+    ensure.ensure_bucket(fresh)
+    ensure.ensure_build_bucket(fresh)
+    ensure.ensure_artifact_registry(fresh)
     return fresh
 
 

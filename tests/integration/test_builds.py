@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from blocks import GcpTarget, ImageBuild, ServingProfile
-from tasks import build_identity, clients, infra
-from tasks.builds import ImageBuildError, build_image, resolve_image
-from tasks.images import build_plan, content_tag
+from tasks.common import clients
+from tasks.image.builds import ImageBuildError, build_image, resolve_image
+from tasks.image.images import build_plan, content_tag
+from tasks.infra import build_identity, ensure
 
 _ids = itertools.count()
 VLLM_LIKE = """\
@@ -31,9 +32,9 @@ ENTRYPOINT ["vllm", "serve"]
 def target(sandbox_target) -> GcpTarget:
     n = next(_ids)
     fresh = sandbox_target.model_copy(update={"bucket": f"builds-test-{n}", "artifact_repository": f"builds-{n}"})
-    infra.ensure_bucket(fresh)
-    infra.ensure_build_bucket(fresh)
-    infra.ensure_artifact_registry(fresh)
+    ensure.ensure_bucket(fresh)
+    ensure.ensure_build_bucket(fresh)
+    ensure.ensure_artifact_registry(fresh)
     build_identity.ensure_build_identity(fresh)  # the ensure-infrastructure step's grants for builds
     return fresh
 
@@ -203,7 +204,7 @@ def test_a_failure_without_a_kill_marker_is_not_retried(sb, target, tmp_path):
 
 def test_content_tag_of_a_folder_build_is_stable(tmp_path):
     build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="stable")
-    from tasks.builds import source_digest
+    from tasks.image.builds import source_digest
 
     assert content_tag(build, source_digest(build)) == content_tag(build, source_digest(build))
 

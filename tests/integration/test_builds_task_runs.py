@@ -12,8 +12,9 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFi
 from prefect.logging.handlers import APILogWorker
 
 from blocks import ImageBuild
-from tasks import build_identity, clients, infra
-from tasks.builds import ImageResult, build_image, cloudbuild_run_build
+from tasks.common import clients
+from tasks.image.builds import ImageResult, build_image, cloudbuild_run_build
+from tasks.infra import build_identity, ensure
 
 pytestmark = pytest.mark.prefect
 
@@ -37,9 +38,9 @@ async def _logs(flow_run_id) -> list[tuple[int, str]]:
 
 def test_each_ladder_attempt_is_a_task_run(prefect_api, sandbox_target, tmp_path):
     target = sandbox_target.model_copy(update={"bucket": "builds-task-runs", "artifact_repository": "task-runs"})
-    infra.ensure_bucket(target)
-    infra.ensure_build_bucket(target)
-    infra.ensure_artifact_registry(target)
+    ensure.ensure_bucket(target)
+    ensure.ensure_build_bucket(target)
+    ensure.ensure_artifact_registry(target)
     build_identity.ensure_build_identity(target)  # the ensure-infrastructure step's grants for builds
     source = tmp_path / "src"
     source.mkdir()

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
-from tasks import clients
+from tasks.common import clients
 from tests.support.cloud_run_job import key_file_block_data
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from google.api_core import exceptions
 
-from tasks import clients
+from tasks.common import clients
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_a_published_method_the_sandbox_lacks_says_so(sandbox_target):
 
 def test_the_real_client_surfaces_the_refusal_as_bad_request(sandbox_target):
     """What the product sees when it sends a field Google does not know: google-api-core's BadRequest with
-    Google's message (here through the IAM client's own authorized session, as tasks.clients builds it)."""
+    Google's message (here through the IAM client's own authorized session, as tasks.common.clients builds it)."""
     iam = clients.iam(sandbox_target)
     url = iam.url(f"projects/{sandbox_target.project}/serviceAccounts")
     response = iam.session.post(url, json={"accountId": "conformance-sa", "serviceAccount": {"displayNam": "typo"}})

@@ -14,9 +14,9 @@ from blocks.images import ImageBuild
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from flows.doctor import doctor, main
-from tasks import clients
-from tasks import doctor as checks
-from tasks.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
+from tasks.checks import doctor as checks
+from tasks.common import clients
+from tasks.common.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
 from tests.support.sandbox_config import sandbox_settings
 
 _ids = itertools.count()
@@ -273,7 +273,7 @@ def test_promote_runs_doctor_first_when_the_target_asks_and_stops_before_any_wri
 
 
 def test_build_identity_is_checked_once_it_exists(sb, target, tmp_path):
-    from tasks import build_identity, infra
+    from tasks.infra import build_identity, ensure
 
     n = next(_ids)
     target = target.model_copy(
@@ -283,9 +283,9 @@ def test_build_identity_is_checked_once_it_exists(sb, target, tmp_path):
     first = checks.check_build_identity(target, building)
     assert first.status == "ok" and "will be created by promote" in first.detail
     build_identity.ensure_build_service_account(target)
-    infra.ensure_bucket(target)
-    infra.ensure_build_bucket(target)
-    infra.ensure_artifact_registry(target)
+    ensure.ensure_bucket(target)
+    ensure.ensure_build_bucket(target)
+    ensure.ensure_artifact_registry(target)
     bare = checks.check_build_identity(target, building)
     assert bare.status == "warn"
     assert f"roles/storage.admin on gs://{target.build_bucket_name}" in bare.detail

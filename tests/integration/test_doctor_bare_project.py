@@ -19,7 +19,7 @@ from prefect.settings import PREFECT_API_URL
 
 from blocks.target import GcpTarget
 from flows.doctor import doctor
-from tasks.doctor import DoctorFailed
+from tasks.checks.doctor import DoctorFailed
 
 pytestmark = pytest.mark.prefect
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,10 +20,11 @@ from pydantic import SecretStr
 
 from blocks import ImageBuild
 from sandbox.identity import unique_id
-from tasks import access, build_identity, clients, infra
-from tasks.builds import build_image
-from tasks.cloudrun import deploy_candidate
-from tasks.logs import PACKAGE_LOGGER
+from tasks.common import clients
+from tasks.common.logs import PACKAGE_LOGGER
+from tasks.deploy.cloudrun import deploy_candidate
+from tasks.image.builds import build_image
+from tasks.infra import access, build_identity, ensure
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import gpu_service
 
@@ -53,15 +54,15 @@ def waits_logged(caplog, email: str, seen_by: str) -> list[str]:
 def test_a_new_account_is_unknown_to_other_apis_until_iam_propagates(sb, target, iam_propagation):
     """Raw calls, no product waits: each API answers as Google's does, and the same calls pass once propagated."""
     storage = clients.storage(target)
-    infra.ensure_bucket(target)
-    infra.ensure_secret(target, TOKEN)
-    infra.ensure_artifact_registry(target)
+    ensure.ensure_bucket(target)
+    ensure.ensure_secret(target, TOKEN)
+    ensure.ensure_artifact_registry(target)
     upload_model(storage, target.bucket_name, "models/tiny", tiny_model_files())
     iam_propagation(3600)  # an hour of simulated time: the window cannot close while this test runs
-    infra.ensure_service_account(target)
+    ensure.ensure_service_account(target)
     email, member = target.service_account_email, f"serviceAccount:{target.service_account_email}"
     # The IAM API itself answers for the account at once.
-    assert infra.iam_call(target, "GET", f"projects/{target.project}/serviceAccounts/{email}")["email"] == email
+    assert ensure.iam_call(target, "GET", f"projects/{target.project}/serviceAccounts/{email}")["email"] == email
 
     bucket = storage.bucket(target.bucket_name)
 
@@ -70,10 +71,10 @@ def test_a_new_account_is_unknown_to_other_apis_until_iam_propagates(sb, target,
         policy.bindings.append({"role": VIEWER, "members": {member}})
         bucket.set_iam_policy(policy)
 
-    secret = infra.secret_path(target)
+    secret = ensure.secret_path(target)
     manager = clients.secret_manager(target)
     registry = clients.artifact_registry(target)
-    repository = infra.repository_path(target)
+    repository = ensure.repository_path(target)
     one_binding = {"bindings": [{"role": "roles/secretmanager.secretAccessor", "members": [member]}]}
     reader = {"bindings": [{"role": "roles/artifactregistry.reader", "members": [member]}]}
     services = clients.run_services(target)
@@ -109,11 +110,11 @@ def test_a_new_account_is_unknown_to_other_apis_until_iam_propagates(sb, target,
 
 def test_grants_right_after_creating_the_account_wait_and_say_why(sb, target, iam_propagation, caplog):
     caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
-    infra.ensure_bucket(target)
-    infra.ensure_secret(target, TOKEN)
+    ensure.ensure_bucket(target)
+    ensure.ensure_secret(target, TOKEN)
     iam_propagation(200)  # 2 s at the default clock: far longer than the calls between create and grant take
     since = sb.last_request_seq()
-    assert infra.ensure_service_account(target).action == "created"
+    assert ensure.ensure_service_account(target).action == "created"
     assert access.grant_bucket_object_viewer(target).changes == [f"granted {VIEWER}"]
     assert access.grant_secret_accessor(target).action == "updated"
     email = target.service_account_email
@@ -125,7 +126,7 @@ def test_grants_right_after_creating_the_account_wait_and_say_why(sb, target, ia
 
 def test_a_deploy_naming_a_new_account_waits_for_cloud_run_to_see_it(sb, target, iam_propagation, caplog):
     caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
-    infra.ensure_bucket(target)
+    ensure.ensure_bucket(target)
     # This test's own bucket, readable by any account: the new one cannot be granted it before IAM knows it.
     upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files(),
                  readers=["allAuthenticatedUsers"])  # fmt: skip
@@ -135,7 +136,7 @@ def test_a_deploy_naming_a_new_account_waits_for_cloud_run_to_see_it(sb, target,
     spec.template.revision = f"{service_id}-first"
     iam_propagation(200)
     since = sb.last_request_seq()
-    infra.ensure_service_account(target)
+    ensure.ensure_service_account(target)
     candidate = deploy_candidate(target, service_id, spec)
     assert candidate.first_deploy and candidate.revision == f"{service_id}-first"
     assert waits_logged(caplog, target.service_account_email, "Cloud Run")
@@ -149,8 +150,8 @@ def test_a_deploy_naming_a_new_account_waits_for_cloud_run_to_see_it(sb, target,
 
 def test_an_account_that_never_appears_fails_with_the_fix_after_the_deadline(sb, target):
     """The wait is bounded: an account that never shows up ends in an error naming both causes and the fix."""
-    from tasks.gcp import InfraError
-    from tasks.propagation import when_visible
+    from tasks.common.gcp import InfraError
+    from tasks.infra.propagation import when_visible
 
     ghost = f"never-created@{target.project}.iam.gserviceaccount.com"
     spec = gpu_service(target.bucket_name)
@@ -170,9 +171,9 @@ def test_a_build_as_a_new_build_identity_waits_for_cloud_build_to_see_it(sb, tar
     product's build waits for it, says why, and then builds."""
     caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
     target = target.model_copy(update={"build_service_account_name": f"fresh-build-{next(_ids)}"})
-    infra.ensure_bucket(target)
-    infra.ensure_build_bucket(target)
-    infra.ensure_artifact_registry(target)
+    ensure.ensure_bucket(target)
+    ensure.ensure_build_bucket(target)
+    ensure.ensure_artifact_registry(target)
     (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY app.py /app/app.py\n")
     (tmp_path / "app.py").write_text(f"print({uuid.uuid4().hex!r})\n")  # a new content tag: never found built
     app = ImageBuild(source_dir=str(tmp_path), image_name="app", max_jobs_ladder=[8])
@@ -220,9 +221,9 @@ def test_a_build_right_after_its_account_gets_the_source_bucket_waits_for_the_gr
     115); the product's build waits for it, says why, and then builds."""
     caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
     target = target.model_copy(update={"build_service_account_name": f"granted-build-{next(_ids)}"})
-    infra.ensure_bucket(target)
-    infra.ensure_build_bucket(target)
-    infra.ensure_artifact_registry(target)
+    ensure.ensure_bucket(target)
+    ensure.ensure_build_bucket(target)
+    ensure.ensure_artifact_registry(target)
     (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY app.py /app/app.py\n")
     (tmp_path / "app.py").write_text(f"print({uuid.uuid4().hex!r})\n")
     app = ImageBuild(source_dir=str(tmp_path), image_name="app", max_jobs_ladder=[8])

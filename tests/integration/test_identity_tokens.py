@@ -1,7 +1,7 @@
 """Identity tokens have an audience: the sandbox's metadata server mints Google-style ID tokens and Cloud Run's
 front ends check them as Cloud Run does (signature, expiry, audience, then run.routes.invoke).
 
-The product mints its token through google-auth (``tasks.clients.identity_token``: ``fetch_id_token`` -> the
+The product mints its token through google-auth (``tasks.common.clients.identity_token``: ``fetch_id_token`` -> the
 metadata server) with the SERVICE URL as audience, also when it probes the candidate's tag URL; a token minted for
 the tag URL, for another service, or signed by another key is refused 401; no token, or a caller without
 run.routes.invoke, 403.
@@ -21,10 +21,11 @@ from google.cloud import run_v2
 from google.protobuf import field_mask_pb2
 
 from sandbox.identity import TokenIssuer
-from tasks import clients, infra
-from tasks.cloudrun import Candidate, verify_candidate
-from tasks.probe import VerificationFailed, VerifyOptions
-from tasks.propagation import when_visible
+from tasks.common import clients
+from tasks.deploy.cloudrun import Candidate, verify_candidate
+from tasks.deploy.probe import VerificationFailed, VerifyOptions
+from tasks.infra import ensure
+from tasks.infra.propagation import when_visible
 from tests.support.identity import bearer, id_token
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import SERVED_NAME, gpu_service, vllm_args
@@ -180,7 +181,7 @@ def test_a_valid_token_of_a_caller_without_run_invoker_is_forbidden_until_grante
     services = clients.run_services(sandbox_target)
     caller(owner)  # the owner creates the account and grants it the invoker role on the service
     stranger = sandbox_target.model_copy(update={"service_account_name": "stranger"})
-    infra.ensure_service_account(stranger)
+    ensure.ensure_service_account(stranger)
     policy = services.get_iam_policy(request={"resource": svc.name})
     policy.bindings.add(role="roles/run.invoker", members=[STRANGER])
     when_visible(

@@ -11,8 +11,9 @@ from google.cloud import compute_v1, run_v2, secretmanager_v1
 from pydantic import SecretStr
 
 from blocks import GcpTarget
-from tasks import access, clients, infra, teardown
-from tasks.gcp import InfraError
+from tasks.common import clients
+from tasks.common.gcp import InfraError
+from tasks.infra import access, ensure, teardown
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.sandbox_config import config_setter
 from tests.support.services import gpu_service
@@ -41,12 +42,12 @@ def target(sandbox_target) -> GcpTarget:
 
 def ensure_all(target: GcpTarget) -> dict[str, str]:
     steps = [
-        infra.ensure_bucket(target),
-        infra.ensure_artifact_registry(target),
-        infra.ensure_network(target),
-        infra.ensure_subnet(target),
-        infra.ensure_service_account(target),
-        infra.ensure_secret(target, TOKEN),
+        ensure.ensure_bucket(target),
+        ensure.ensure_artifact_registry(target),
+        ensure.ensure_network(target),
+        ensure.ensure_subnet(target),
+        ensure.ensure_service_account(target),
+        ensure.ensure_secret(target, TOKEN),
         access.grant_bucket_object_viewer(target),
         access.grant_secret_accessor(target),
     ]
@@ -74,7 +75,7 @@ def test_created_resources_have_the_settings_the_lessons_ask_for(target):
     assert bucket.iam_configuration.uniform_bucket_level_access_enabled
     assert bucket.iam_configuration.public_access_prevention == "enforced"
     assert bucket.labels["managed-by"] == "hf-cloudrun-pipeline"
-    repository = clients.artifact_registry(target).get_repository(name=infra.repository_path(target))
+    repository = clients.artifact_registry(target).get_repository(name=ensure.repository_path(target))
     assert repository.vulnerability_scanning_config.enablement_config.name == "INHERITED"
     assert repository.labels["managed-by"] == "hf-cloudrun-pipeline"
     network = clients.compute_networks(target).get(project=target.project, network=target.network)
@@ -91,7 +92,7 @@ def test_iam_is_exactly_least_privilege(target):
     bucket_policy = clients.storage(target).bucket(target.bucket_name).get_iam_policy(requested_policy_version=3)
     roles_of_sa = {b["role"] for b in bucket_policy.bindings if member in b["members"]}
     assert roles_of_sa == {"roles/storage.objectViewer"}
-    secret_policy = clients.secret_manager(target).get_iam_policy(request={"resource": infra.secret_path(target)})
+    secret_policy = clients.secret_manager(target).get_iam_policy(request={"resource": ensure.secret_path(target)})
     assert [(b.role, list(b.members)) for b in secret_policy.bindings] == [
         ("roles/secretmanager.secretAccessor", [member])
     ]
@@ -99,8 +100,8 @@ def test_iam_is_exactly_least_privilege(target):
 
 @pytest.mark.usefixtures("iam_propagated")  # raw binding / deploy of a new account
 def test_codelab_storage_admin_grant_is_narrowed_to_object_viewer(target):
-    infra.ensure_bucket(target)
-    infra.ensure_service_account(target)
+    ensure.ensure_bucket(target)
+    ensure.ensure_service_account(target)
     bucket = clients.storage(target).bucket(target.bucket_name)
     policy = bucket.get_iam_policy(requested_policy_version=3)
     member = f"serviceAccount:{target.service_account_email}"
@@ -113,7 +114,7 @@ def test_codelab_storage_admin_grant_is_narrowed_to_object_viewer(target):
 
 
 def test_subnet_without_private_google_access_is_repaired(target):
-    infra.ensure_network(target)
+    ensure.ensure_network(target)
     subnets = clients.compute_subnetworks(target)
     operation = subnets.insert_unary(
         project=target.project,
@@ -128,46 +129,46 @@ def test_subnet_without_private_google_access_is_repaired(target):
     clients.compute_region_operations(target).wait(
         project=target.project, region=target.region, operation=operation.name
     )
-    result = infra.ensure_subnet(target)
+    result = ensure.ensure_subnet(target)
     assert (result.action, result.changes) == ("updated", ["Private Google Access turned on"])
     assert subnets.get(project=target.project, region=target.region, subnetwork=target.subnet).private_ip_google_access
 
 
 def test_overlapping_subnet_range_is_a_clear_error(target):
-    infra.ensure_network(target)
-    infra.ensure_subnet(target)
+    ensure.ensure_network(target)
+    ensure.ensure_subnet(target)
     other = target.model_copy(update={"subnet": f"{target.subnet}-2", "subnet_range": "10.8.0.0/25"})
     with pytest.raises(
         InfraError, match=r"subnet_range 10\.8\.0\.0/25 overlaps another subnet of network .*free range"
     ):
-        infra.ensure_subnet(other)
+        ensure.ensure_subnet(other)
 
 
 def test_bucket_in_another_region_or_public_is_refused(target):
     storage = clients.storage(target)
     storage.create_bucket(target.bucket_name, location="europe-west4")
     with pytest.raises(InfraError, match=r"is in EUROPE-WEST4 \(region\), the service in us-central1.*lesson 18"):
-        infra.ensure_bucket(target)
+        ensure.ensure_bucket(target)
     public = target.model_copy(update={"bucket": f"{target.bucket_name}-public"})
     bucket = storage.create_bucket(public.bucket_name, location=public.region)
     policy = bucket.get_iam_policy(requested_policy_version=3)
     policy.bindings.append({"role": "roles/storage.objectViewer", "members": {"allUsers"}})
     bucket.set_iam_policy(policy)
     with pytest.raises(InfraError, match=r"is public \(allUsers in its IAM policy\)"):
-        infra.ensure_bucket(public)
+        ensure.ensure_bucket(public)
 
 
 def test_bucket_without_public_access_prevention_is_repaired_through_a_503(sb, target):
     clients.storage(target).create_bucket(target.bucket_name, location=target.region)
     sb.add_fault("gcs", path=f"^/storage/v1/b/{target.bucket_name}$", method="PATCH", status=503, times=1)
-    result = infra.ensure_bucket(target)
+    result = ensure.ensure_bucket(target)
     assert result.action == "updated"
     assert "public access prevention enforced" in result.changes
     assert "uniform bucket-level access turned on" in result.changes
     assert [rule["fired"] for rule in sb.faults()] == [1]
     bucket = clients.storage(target).get_bucket(target.bucket_name)
     assert bucket.iam_configuration.public_access_prevention == "enforced"
-    assert infra.ensure_bucket(target).action == "found"
+    assert ensure.ensure_bucket(target).action == "found"
 
 
 def test_creates_that_lose_a_race_report_found(sb, target):
@@ -175,13 +176,13 @@ def test_creates_that_lose_a_race_report_found(sb, target):
     sb.add_fault("control", path="/global/networks$", method="POST", action="replace", status=409, times=1)
     sb.add_fault("control", path="/serviceAccounts$", method="POST", action="replace", status=409, times=1)
     sb.add_fault("control", path="/repositories$", method="POST", action="replace", status=409, times=1)
-    assert infra.ensure_bucket(target).action == "found"
-    assert infra.ensure_network(target).action == "found"
-    assert infra.ensure_service_account(target).action == "found"
-    assert infra.ensure_artifact_registry(target).action == "found"
+    assert ensure.ensure_bucket(target).action == "found"
+    assert ensure.ensure_network(target).action == "found"
+    assert ensure.ensure_service_account(target).action == "found"
+    assert ensure.ensure_artifact_registry(target).action == "found"
     sb.add_fault("control", path="/subnetworks$", method="POST", action="replace", status=409, times=1)
     since = sb.last_request_seq()
-    assert infra.ensure_subnet(target).action == "found"
+    assert ensure.ensure_subnet(target).action == "found"
     assert all(rule["fired"] == 1 for rule in sb.faults())
     # the winner's subnet was read back and checked (range, Private Google Access), not taken on trust
     calls = [(r["method"], r["status"]) for r in sb.requests("control", since=since) if "/subnetworks" in r["path"]]
@@ -195,22 +196,22 @@ def test_creates_that_lose_a_race_report_found(sb, target):
 def test_secret_create_that_loses_a_race_still_stores_the_value(sb, target):
     # The concurrent creator made the secret but has not added a version yet: the value must still be stored.
     sb.add_fault("control", path="/secrets$", method="POST", action="replace", status=409, times=1)
-    result = infra.ensure_secret(target, TOKEN)
+    result = ensure.ensure_secret(target, TOKEN)
     assert (result.action, result.changes) == ("updated", ["new version"])
     assert [rule["fired"] for rule in sb.faults()] == [1]
     manager = clients.secret_manager(target)
-    assert len(list(manager.list_secret_versions(parent=infra.secret_path(target)))) == 1
-    latest = manager.access_secret_version(name=f"{infra.secret_path(target)}/versions/latest").payload.data
+    assert len(list(manager.list_secret_versions(parent=ensure.secret_path(target)))) == 1
+    latest = manager.access_secret_version(name=f"{ensure.secret_path(target)}/versions/latest").payload.data
     assert latest == TOKEN.get_secret_value().encode()
     since = sb.last_request_seq()
-    assert infra.ensure_secret(target, TOKEN).action == "found"
+    assert ensure.ensure_secret(target, TOKEN).action == "found"
     assert writes_since(sb, since) == []
 
 
 def test_a_stale_etag_restarts_the_read_modify_write(sb, target):
-    infra.ensure_bucket(target)
-    infra.ensure_service_account(target)
-    infra.ensure_secret(target, TOKEN)
+    ensure.ensure_bucket(target)
+    ensure.ensure_service_account(target)
+    ensure.ensure_secret(target, TOKEN)
     sb.add_fault("gcs", path="/iam$", method="PUT", status=412, times=1)
     aborted = '{"error": {"code": 409, "message": "concurrent policy changes", "status": "ABORTED"}}'
     sb.add_fault("control", path=":setIamPolicy$", method="POST", status=409, times=1, body=aborted)
@@ -221,8 +222,8 @@ def test_a_stale_etag_restarts_the_read_modify_write(sb, target):
 
 @pytest.mark.usefixtures("iam_propagated")  # raw binding / deploy of a new account
 def test_a_stale_etag_restarts_the_service_invokers_read_modify_write(sb, target):
-    infra.ensure_bucket(target)
-    infra.ensure_service_account(target)
+    ensure.ensure_bucket(target)
+    ensure.ensure_service_account(target)
     service_id = f"infra-svc-{next(_ids)}"
     service = _deploy_private_service(target, service_id)
     try:
@@ -252,10 +253,10 @@ def test_403_names_the_api_to_enable_or_the_role_to_grant(sb, target):
     )
     sb.add_fault("control", path="/global/networks/", method="GET", status=403, body=disabled, times=1)
     with pytest.raises(InfraError, match=r"gcloud services enable compute\.googleapis\.com --project sandbox-project"):
-        infra.ensure_network(target)
+        ensure.ensure_network(target)
     sb.add_fault("control", path="/serviceAccounts/", method="GET", status=403, times=1)
     with pytest.raises(InfraError, match=r"grant the identity running this flow roles/iam\.serviceAccountAdmin"):
-        infra.ensure_service_account(target)
+        ensure.ensure_service_account(target)
 
 
 FIRST_CALLS = {
@@ -294,10 +295,10 @@ FIRST_CALLS = {
     ),
 }
 ENSURE = {
-    "bucket": infra.ensure_bucket,
-    "artifact-registry": infra.ensure_artifact_registry,
-    "subnet": infra.ensure_subnet,
-    "secret": lambda target: infra.ensure_secret(target, TOKEN),
+    "bucket": ensure.ensure_bucket,
+    "artifact-registry": ensure.ensure_artifact_registry,
+    "subnet": ensure.ensure_subnet,
+    "secret": lambda target: ensure.ensure_secret(target, TOKEN),
 }
 
 
@@ -308,10 +309,10 @@ def test_403_on_the_first_call_of_each_step_names_the_fix(sb, target, step, caus
     names = {
         "bucket": target.bucket_name,
         "repo": target.artifact_repository,
-        "repo_path": infra.repository_path(target),
+        "repo_path": ensure.repository_path(target),
         "subnet": target.subnet,
         "secret": target.hf_token_secret,
-        "secret_path": infra.secret_path(target),
+        "secret_path": ensure.secret_path(target),
     }
     project = target.project
     if cause == "api-disabled":
@@ -342,17 +343,17 @@ def test_403_on_the_first_call_of_each_step_names_the_fix(sb, target, step, caus
 
 def test_429_then_success_is_retried(sb, target):
     sb.add_fault("control", path="/serviceAccounts/", method="GET", status=429, times=2)
-    assert infra.ensure_service_account(target).action == "created"
+    assert ensure.ensure_service_account(target).action == "created"
 
 
 def test_secret_gets_a_new_version_only_when_the_value_changes(target):
     manager = clients.secret_manager(target)
-    assert infra.ensure_secret(target, TOKEN).action == "created"
-    assert infra.ensure_secret(target, TOKEN).action == "found"
-    assert infra.ensure_secret(target, SecretStr("hf_rotatedTokenValue0000000000000000")).action == "updated"
-    versions = list(manager.list_secret_versions(parent=infra.secret_path(target)))
+    assert ensure.ensure_secret(target, TOKEN).action == "created"
+    assert ensure.ensure_secret(target, TOKEN).action == "found"
+    assert ensure.ensure_secret(target, SecretStr("hf_rotatedTokenValue0000000000000000")).action == "updated"
+    versions = list(manager.list_secret_versions(parent=ensure.secret_path(target)))
     assert len(versions) == 2
-    latest = manager.access_secret_version(name=f"{infra.secret_path(target)}/versions/latest").payload.data
+    latest = manager.access_secret_version(name=f"{ensure.secret_path(target)}/versions/latest").payload.data
     assert latest == b"hf_rotatedTokenValue0000000000000000"
 
 
@@ -420,10 +421,10 @@ def test_a_location_policy_refuses_a_global_secret_and_the_products_regional_sec
             )
         assert "Constraint constraints/gcp.resourceLocations violated for [orgpolicy:projects/" in refused.value.message
         assert "attempting to create a secret in [global]" in refused.value.message
-        assert infra.ensure_secret(target, TOKEN).action == "created"
-    secret = manager.get_secret(name=infra.secret_path(target))
+        assert ensure.ensure_secret(target, TOKEN).action == "created"
+    secret = manager.get_secret(name=ensure.secret_path(target))
     assert [r.location for r in secret.replication.user_managed.replicas] == [target.region]
-    latest = manager.access_secret_version(name=f"{infra.secret_path(target)}/versions/latest").payload.data
+    latest = manager.access_secret_version(name=f"{ensure.secret_path(target)}/versions/latest").payload.data
     assert latest == TOKEN.get_secret_value().encode()
 
 
@@ -431,6 +432,6 @@ def test_a_location_policy_that_excludes_the_region_refuses_the_secret_with_the_
     with config_setter(sb, "org_policies") as org_policies:
         org_policies(EU_ONLY)
         with pytest.raises(BadRequest, match=rf"attempting to create a secret in \[{target.region}\]"):
-            infra.ensure_secret(target, TOKEN)
+            ensure.ensure_secret(target, TOKEN)
     with pytest.raises(NotFound):
-        clients.secret_manager(target).get_secret(name=infra.secret_path(target))
+        clients.secret_manager(target).get_secret(name=ensure.secret_path(target))

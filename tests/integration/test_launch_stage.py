@@ -16,9 +16,10 @@ from google.cloud import run_v2
 
 from blocks import ModelSource, ServingProfile
 from blocks.target import GcpTarget
-from tasks import clients, infra
-from tasks.propagation import when_visible
-from tasks.render import Weights, render_service
+from tasks.common import clients
+from tasks.deploy.render import Weights, render_service
+from tasks.infra import ensure
+from tasks.infra.propagation import when_visible
 from tests.support.services import gpu_service
 
 LAUNCH_STAGE_MESSAGE = (
@@ -71,9 +72,9 @@ def infra_target(sandbox_target) -> GcpTarget:
     target = sandbox_target.model_copy(
         update={"network": "launch-vpc", "subnet": "launch-vpc-subnet", "service_account_name": "launch-serving"}
     )
-    infra.ensure_network(target)
-    infra.ensure_subnet(target)
-    infra.ensure_service_account(target)
+    ensure.ensure_network(target)
+    ensure.ensure_subnet(target)
+    ensure.ensure_service_account(target)
     return target
 
 
@@ -90,7 +91,7 @@ def test_the_products_rtx_pro_6000_service_is_admitted_and_would_not_be_without_
 ):
     service = rendered_rtx_service(infra_target)
     service_id = f"launch-{next(_ids)}"
-    # The account was just created: wait as the product does until Cloud Run can see it (tasks/propagation.py).
+    # The account was just created: wait as the product does until Cloud Run can see it (tasks/infra/propagation.py).
     email = infra_target.service_account_email
     admitted = when_visible(lambda: validate(services, infra_target, service, service_id), email, "Cloud Run")
     assert admitted.template.node_selector.accelerator == "nvidia-rtx-pro-6000"

@@ -11,9 +11,9 @@ from google.api_core import exceptions
 from google.cloud import run_v2
 from google.protobuf import timestamp_pb2
 
-from tasks import clients
-from tasks.gcp import InfraError
-from tasks.revision_logs import revision_filter, revision_log_tail
+from tasks.common import clients
+from tasks.common.gcp import InfraError
+from tasks.deploy.revision_logs import revision_filter, revision_log_tail
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import gpu_service, vllm_args
 

@@ -13,12 +13,14 @@ from google.cloud import run_v2
 from pydantic import SecretStr
 
 from blocks import GcpTarget, ModelSource, ServingProfile
-from tasks import access, clients, infra
-from tasks.cloudrun import CANDIDATE_TAG, DeployFailed, PromotionFailed, roll_out, rollback, service_path
-from tasks.gcp import InfraError
-from tasks.probe import VerifyOptions
-from tasks.render import Weights, render_service, revision_name
-from tasks.staging import StagingResult, stage_model
+from tasks.common import clients
+from tasks.common.gcp import InfraError
+from tasks.common.naming import CANDIDATE_TAG
+from tasks.deploy.cloudrun import DeployFailed, PromotionFailed, roll_out, rollback, service_path
+from tasks.deploy.probe import VerifyOptions
+from tasks.deploy.render import Weights, render_service, revision_name
+from tasks.infra import access, ensure
+from tasks.weights.staging import StagingResult, stage_model
 from tests.support.identity import bearer
 
 _ids = itertools.count()
@@ -33,7 +35,7 @@ def env(sandbox, sandbox_target):
         update={"bucket": "rollout-weights", "network": "rollout-vpc", "subnet": "rollout-subnet",
                 "service_account_name": "rollout-serving"}
     )  # fmt: skip
-    for step in (infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet, infra.ensure_service_account,
+    for step in (ensure.ensure_bucket, ensure.ensure_network, ensure.ensure_subnet, ensure.ensure_service_account,
                  access.grant_bucket_object_viewer):  # fmt: skip
         step(target)
     sandbox.hub("POST", "/repos", json={"repo_id": "rollout/model", "weight_bytes": 2_000_000, "replace": True})

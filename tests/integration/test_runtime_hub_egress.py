@@ -16,9 +16,10 @@ from google.cloud import run_v2
 from pydantic import SecretStr
 
 from blocks import ModelSource, ServingProfile
-from tasks import access, clients, infra
-from tasks.render import Weights, render_service
-from tasks.revision_logs import revision_log_tail
+from tasks.common import clients
+from tasks.deploy.render import Weights, render_service
+from tasks.deploy.revision_logs import revision_log_tail
+from tasks.infra import access, ensure
 from tests.support.models import tiny_model_files, upload_model
 
 _ids = itertools.count()
@@ -39,9 +40,9 @@ def setup(sandbox, sandbox_target):
             "hf_token_secret": "runtime-hub-token",
         }
     )
-    for step in (infra.ensure_bucket, infra.ensure_network, infra.ensure_subnet, infra.ensure_service_account):
+    for step in (ensure.ensure_bucket, ensure.ensure_network, ensure.ensure_subnet, ensure.ensure_service_account):
         step(target)
-    infra.ensure_secret(target, SecretStr(sandbox.hub_token))
+    ensure.ensure_secret(target, SecretStr(sandbox.hub_token))
     access.grant_bucket_object_viewer(target)  # these wait for IAM to propagate the new account
     access.grant_secret_accessor(target)
     source = ModelSource(repo_id="sandbox/tiny-chat")

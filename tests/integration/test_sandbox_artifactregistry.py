@@ -21,7 +21,7 @@ from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError
 from sandbox.control.operations import Operations, operation_json
 from sandbox.faults import FaultRegistry
-from tasks import clients
+from tasks.common import clients
 
 Scanning = ar.Repository.VulnerabilityScanningConfig
 _ids = itertools.count()

@@ -17,8 +17,8 @@ from google.cloud import run_v2, secretmanager_v1
 
 from blocks.target import GcpTarget
 from sandbox.handle import SandboxHandle
-from tasks import clients
-from tasks.permissions import explain_denied
+from tasks.common import clients
+from tasks.common.permissions import explain_denied
 
 
 @pytest.fixture

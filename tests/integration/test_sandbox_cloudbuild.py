@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2
 
 from sandbox.control.cloudbuild.docker import MACHINES, BuildRequest, parse_build, simulate_build
 from sandbox.control.cloudbuild.workspace import Workspace
-from tasks import clients
+from tasks.common import clients
 
 Status = cb.Build.Status
 FailureType = cb.Build.FailureInfo.FailureType

@@ -10,7 +10,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import run_v2
 
-from tasks import clients
+from tasks.common import clients
 from tests.support.identity import bearer
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import MODEL_DIR, SERVED_NAME, gpu_service, health_probe, vllm_args

@@ -10,7 +10,8 @@ from google.api_core import exceptions
 from google.cloud import run_v2
 from pydantic import SecretStr
 
-from tasks import access, clients, infra
+from tasks.common import clients
+from tasks.infra import access, ensure
 from tests.support.models import let_read, tiny_model_files, upload_model
 from tests.support.services import gpu_service, vllm_args
 
@@ -60,7 +61,7 @@ def test_project_images_must_be_in_artifact_registry(sb, services, target):
     spec = gpu_service(BUCKET, image=image, args=vllm_args()[2:])  # built images prepend `vllm serve` themselves
     with pytest.raises(exceptions.BadRequest, match=f"Image '{image}' not found"):
         deploy(services, target, spec)
-    infra.ensure_artifact_registry(target)
+    ensure.ensure_artifact_registry(target)
     sb.admin.post(
         "/artifactregistry/images",
         json={
@@ -81,16 +82,16 @@ def test_direct_vpc_egress_needs_the_network_and_subnet(services, target):
     )
     with pytest.raises(exceptions.BadRequest, match=f"VPC network '{target.network}' not found"):
         deploy(services, target, spec)
-    infra.ensure_network(target)
-    infra.ensure_subnet(target)
+    ensure.ensure_network(target)
+    ensure.ensure_subnet(target)
     assert deploy(services, target, spec).latest_ready_revision
 
 
 @pytest.mark.usefixtures("iam_propagated")  # deploys as an account created a moment ago, raw
 def test_secret_env_needs_the_accessor_role_on_that_secret(services, target):
-    infra.ensure_service_account(target)
+    ensure.ensure_service_account(target)
     let_read(clients.storage(target), BUCKET, [f"serviceAccount:{target.service_account_email}"])
-    infra.ensure_secret(target, SecretStr("hf_secretForTheContainer000000000000"))
+    ensure.ensure_secret(target, SecretStr("hf_secretForTheContainer000000000000"))
     spec = gpu_service(BUCKET)
     spec.template.service_account = target.service_account_email
     spec.template.containers[0].env.append(

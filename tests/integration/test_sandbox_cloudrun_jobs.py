@@ -25,7 +25,7 @@ from google.oauth2 import service_account
 from googleapiclient import discovery
 from googleapiclient.errors import HttpError
 
-from tasks import clients
+from tasks.common import clients
 
 MODEL_GARDEN = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:20250312_0916_RC01"
 _ids = itertools.count()
@@ -167,10 +167,10 @@ def test_deleting_a_running_job_stops_it_and_the_watcher_gets_404(locations, par
 
 
 def test_the_task_env_has_the_jobs_secrets_and_identity(sb, sandbox, locations, parent, sandbox_target, iam_propagated):
-    from tasks import infra
+    from tasks.infra import ensure
 
     email = f"job-runner@{sandbox_target.project}.iam.gserviceaccount.com"
-    account = infra.get_or_create_service_account(sandbox_target, "job-runner", email, "job runner", "tests")
+    account = ensure.get_or_create_service_account(sandbox_target, "job-runner", email, "job runner", "tests")
     manager = clients.secret_manager(sandbox_target)
     secret = manager.create_secret(
         parent=f"projects/{sandbox_target.project}", secret_id=f"job-secret-{next(_ids)}",
@@ -248,10 +248,10 @@ def test_the_jobs_client_sees_the_same_jobs(sandbox_target, locations, parent):
 
 def keyed_account(sandbox, sandbox_target, name: str) -> tuple[str, service_account.Credentials, dict]:
     """A new service account with a key from IAM's keys.create: its email, credentials, and the key file."""
-    from tasks import infra
+    from tasks.infra import ensure
 
     email = f"{name}-{next(_ids)}@{sandbox_target.project}.iam.gserviceaccount.com"
-    infra.get_or_create_service_account(sandbox_target, email.split("@")[0], email, name, "tests")
+    ensure.get_or_create_service_account(sandbox_target, email.split("@")[0], email, name, "tests")
     made = httpx.post(f"{sandbox.info['control_url']}/v1/projects/-/serviceAccounts/{email}/keys", json={}, timeout=30)
     key = json.loads(base64.b64decode(made.json()["privateKeyData"]))
     scopes = ["https://www.googleapis.com/auth/cloud-platform"]

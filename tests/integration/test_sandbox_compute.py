@@ -11,7 +11,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import compute_v1
 
-from tasks import clients
+from tasks.common import clients
 
 _ids = itertools.count()
 Status = compute_v1.Operation.Status
@@ -19,7 +19,7 @@ Status = compute_v1.Operation.Status
 
 @dataclass
 class Gce:
-    """The four compute_v1 clients the product uses, all built by tasks.clients from one target."""
+    """The four compute_v1 clients the product uses, all built by tasks.common.clients from one target."""
 
     networks: compute_v1.NetworksClient
     subnets: compute_v1.SubnetworksClient

@@ -11,7 +11,7 @@ import pytest
 from google.api_core import exceptions
 
 from sandbox.handle import SandboxHandle
-from tasks import clients
+from tasks.common import clients
 from tests.support.locks import wait_until
 
 _ids = itertools.count()

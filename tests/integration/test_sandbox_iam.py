@@ -1,4 +1,4 @@
-"""IAM stand-in: service accounts through the IAM REST API, as tasks.clients.iam() reaches it.
+"""IAM stand-in: service accounts through the IAM REST API, as tasks.common.clients.iam() reaches it.
 
 iam_admin_v1 has no REST transport (FACTS.md), so these tests use the same AuthorizedSession the product
 uses and check the JSON and error codes of the real API.
@@ -17,7 +17,7 @@ from sandbox.config import SandboxConfig
 from sandbox.control import ControlContext
 from sandbox.control.iam import DEFAULT_PROJECT_NUMBER, Iam
 from sandbox.faults import FaultRegistry
-from tasks import clients
+from tasks.common import clients
 
 COMPUTE_DEFAULT = f"{DEFAULT_PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
 

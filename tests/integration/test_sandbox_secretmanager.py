@@ -1,4 +1,4 @@
-"""Secret Manager stand-in through the real secretmanager_v1 REST client (tasks.clients.secret_manager)."""
+"""Secret Manager stand-in through the real secretmanager_v1 REST client (tasks.common.clients.secret_manager)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from sandbox.control.errors import GoogleApiError, google_error_handler
 from sandbox.control.iam import DEFAULT_PROJECT_NUMBER, Iam
 from sandbox.control.secretmanager import SecretManager
 from sandbox.faults import FaultRegistry
-from tasks import clients
+from tasks.common import clients
 
 State = sm.SecretVersion.State
 AUTOMATIC = sm.Replication(automatic=sm.Replication.Automatic())

@@ -21,7 +21,8 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import run_v2
 
-from tasks import clients, infra
+from tasks.common import clients
+from tasks.infra import ensure
 from tests.support.identity import bearer
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.sandbox_config import config_setter
@@ -94,7 +95,7 @@ def deployed_service(sandbox, sandbox_target, services, spec: run_v2.Service, ac
     target = sandbox_target.model_copy(update={"service_account_name": account})
     with config_setter(sandbox, "iam_propagation_seconds") as set_propagation:
         set_propagation(0)  # the account is usable at once (tests/integration/test_iam_propagation.py covers the wait)
-        infra.ensure_service_account(target)
+        ensure.ensure_service_account(target)
         # objectViewer: the weights volume (gcsfuse lists the bucket at mount)
         sandbox.set_caller_roles([*roles, "roles/storage.objectViewer"],
                                  member=f"serviceAccount:{target.service_account_email}")  # fmt: skip

@@ -20,8 +20,8 @@ from pydantic import SecretStr
 from blocks import GcpTarget, ModelSource
 from sandbox.config import SANDBOX_HF_TOKEN_NO_ACCESS
 from sandbox.serving import free_port
-from tasks import clients
-from tasks.hub import (
+from tasks.common import clients
+from tasks.weights.hub import (
     ChecksumMismatch,
     HubAccessDenied,
     HubNotFound,
@@ -30,7 +30,7 @@ from tasks.hub import (
     HubUnavailable,
     HubUnreachable,
 )
-from tasks.staging import MANIFEST, StagingError, StagingOptions, stage_model
+from tasks.weights.staging import MANIFEST, StagingError, StagingOptions, stage_model
 
 _ids = itertools.count()
 FAST_RETRY = HubRetryPolicy(backoff_initial_s=0.05, backoff_max_s=0.2)

@@ -14,9 +14,9 @@ import pytest
 from pydantic import SecretStr
 
 from blocks import GcpTarget, ModelSource
-from tasks import clients
-from tasks.hub import ChecksumMismatch, HubRetryPolicy
-from tasks.staging import MANIFEST, SIMPLE_UPLOAD_LIMIT, StagingOptions, stage_model
+from tasks.common import clients
+from tasks.weights.hub import ChecksumMismatch, HubRetryPolicy
+from tasks.weights.staging import MANIFEST, SIMPLE_UPLOAD_LIMIT, StagingOptions, stage_model
 
 _ids = itertools.count()
 FAST_RETRY = HubRetryPolicy(backoff_initial_s=0.05, backoff_max_s=0.2)

@@ -18,8 +18,8 @@ from prefect.client.schemas.filters import (
 from prefect.logging.handlers import APILogWorker
 
 from blocks import ModelSource
-from tasks import clients
-from tasks.staging import MANIFEST, StagingResult, hf_stage_model
+from tasks.common import clients
+from tasks.weights.staging import MANIFEST, StagingResult, hf_stage_model
 
 pytestmark = pytest.mark.prefect
 

@@ -1,5 +1,5 @@
 """vLLM stand-in faults that only real traffic meets: a revision with them passes the pipeline's probes
-(tasks/probe.py) and then fails long prompts, every Nth request, or slows down under load.
+(tasks/deploy/probe.py) and then fails long prompts, every Nth request, or slows down under load.
 
 Each test launches the stand-in directly as a process (the Cloud Run stand-in's env contract, see
 test_vllm_standin.py) and talks to it over loopback HTTP with httpx.
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 from pydantic import SecretStr
 
-from tasks.probe import VerifyOptions, verify
+from tasks.deploy.probe import VerifyOptions, verify
 from tests.integration import test_vllm_standin as standin
 from tests.integration.test_vllm_standin import MODEL_PATH, Launcher, chat, serve
 

@@ -24,11 +24,11 @@ from prefect.workers.process import ProcessWorker
 from prefect_gcp import GcpCredentials
 
 from blocks.target import GcpTarget
-from tasks import clients
-from tasks.build_context import context_files
-from tasks.builds import source_digest
-from tasks.images import build_plan, content_tag
-from tasks.work_pool import (
+from tasks.common import clients
+from tasks.image.build_context import context_files
+from tasks.image.builds import source_digest
+from tasks.image.images import build_plan, content_tag
+from tasks.report.work_pool import (
     WORKER_IMAGE_NAME,
     WorkPoolError,
     build_worker_image,

@@ -22,9 +22,9 @@ from blocks import GcpTarget, ImageBuild, ServingProfile, VllmOptions
 from flows.promote import promote_model
 from flows.scale import scale_service
 from flows.teardown import teardown
-from tasks import clients
-from tasks.probe import VerifyOptions
-from tasks.render import CPU_PROBE_LIMIT_S, GPU_PROBE_LIMIT_S, PROBE_PERIOD_S
+from tasks.common import clients
+from tasks.deploy.probe import VerifyOptions
+from tasks.deploy.render import CPU_PROBE_LIMIT_S, GPU_PROBE_LIMIT_S, PROBE_PERIOD_S
 from tests.support.delivery import NO_WATCH
 
 pytestmark = pytest.mark.prefect

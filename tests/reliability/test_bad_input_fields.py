@@ -20,8 +20,8 @@ from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.sync_deployments import model_deployments
 from flows.teardown import teardown
-from tasks import clients
-from tasks.cloudrun import service_path
+from tasks.common import clients
+from tasks.deploy.cloudrun import service_path
 from tests.reliability.test_bad_input import ROOT, artifact, fails_cleanly, new_service, promote
 
 pytestmark = pytest.mark.prefect

@@ -19,7 +19,7 @@ import pytest
 from google.cloud import storage as gcs
 from huggingface_hub import hf_hub_download
 
-from tasks import clients
+from tasks.common import clients
 from tests.reliability.test_bad_input import fails_cleanly, new_repo, promote
 
 pytestmark = pytest.mark.prefect

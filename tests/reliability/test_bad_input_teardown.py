@@ -15,9 +15,10 @@ from google.api_core import exceptions as gexc
 
 from blocks import GcpTarget
 from flows.teardown import teardown
-from tasks import clients, infra
-from tasks.images import repository_host
-from tasks.permissions import DEPLOYER_ROLES
+from tasks.common import clients
+from tasks.common.naming import repository_host
+from tasks.common.permissions import DEPLOYER_ROLES
+from tasks.infra import ensure
 from tests.reliability.test_bad_input import CLOUD, fails_cleanly, promote
 
 pytestmark = pytest.mark.prefect
@@ -36,8 +37,8 @@ def own_registry(sb, flow_env):
     name = f"td-registry-{n}"
     gcp = GcpTarget.model_validate({**flow_env.model_dump(), "artifact_repository": f"td-images-{n}"})
     gcp.save(name, overwrite=True)
-    assert infra.ensure_artifact_registry(gcp).action == "created"
-    # What a build's `docker push` leaves (tasks/builds.py pushes built serving images here).
+    assert ensure.ensure_artifact_registry(gcp).action == "created"
+    # What a build's `docker push` leaves (tasks/image/builds.py pushes built serving images here).
     pushed = sb.admin.post(
         "/artifactregistry/images",
         json={"repository": gcp.artifact_repository, "image": "vllm-cpu", "tags": ["v1"], "location": gcp.region},
@@ -46,7 +47,7 @@ def own_registry(sb, flow_env):
     yield name, gcp
     registry = clients.artifact_registry(gcp)
     with contextlib.suppress(gexc.NotFound):  # a failed test may leave it behind
-        registry.delete_repository(name=infra.repository_path(gcp)).result(timeout=30)
+        registry.delete_repository(name=ensure.repository_path(gcp)).result(timeout=30)
 
 
 def test_teardown_deletes_the_artifact_repository_only_when_asked(sb, own_registry):
@@ -56,16 +57,16 @@ def test_teardown_deletes_the_artifact_repository_only_when_asked(sb, own_regist
     service = f"td-none-{next(_ids)}"
 
     assert [(r.kind, r.action) for r in teardown(service=service, target=name)] == [("service", "absent")]
-    assert registry.get_repository(name=infra.repository_path(gcp)).name == infra.repository_path(gcp)  # opt-in
+    assert registry.get_repository(name=ensure.repository_path(gcp)).name == ensure.repository_path(gcp)  # opt-in
 
     since = sb.last_request_seq()
     results = teardown(service=service, target=name, artifact_repository=True)
     assert [(r.kind, r.action) for r in results] == [("service", "absent"), ("artifact-registry", "deleted")]
-    assert results[-1].name == infra.repository_path(gcp)
+    assert results[-1].name == ensure.repository_path(gcp)
     deletes = [r for r in sb.requests("control", since=since) if r["method"] == "DELETE"]
-    assert [r["path"] for r in deletes][-1] == f"/v1/{infra.repository_path(gcp)}"
+    assert [r["path"] for r in deletes][-1] == f"/v1/{ensure.repository_path(gcp)}"
     with pytest.raises(gexc.NotFound):
-        registry.get_repository(name=infra.repository_path(gcp))
+        registry.get_repository(name=ensure.repository_path(gcp))
     assert find_image(sb, image) == 404  # its images went with it
 
     again = teardown(service=service, target=name, artifact_repository=True)  # idempotent
@@ -84,7 +85,7 @@ def test_the_readme_roles_delete_the_repository_and_repo_admin_falls_short(sb, o
     message = str(caught.value)
     assert "missing permission artifactregistry.repositories.delete" in message, message
     assert "--role=roles/artifactregistry.admin" in message, message
-    assert clients.artifact_registry(gcp).get_repository(name=infra.repository_path(gcp))  # still there
+    assert clients.artifact_registry(gcp).get_repository(name=ensure.repository_path(gcp))  # still there
     with sb.caller_roles(roles):
         results = teardown(service=service, target=name, artifact_repository=True)
     assert [(r.kind, r.action) for r in results] == [("service", "absent"), ("artifact-registry", "deleted")]

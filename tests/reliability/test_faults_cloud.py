@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from blocks import ServingProfile
-from tasks import clients, infra
+from tasks.common import clients
+from tasks.infra import ensure
 from tests.support.artifacts import report_artifact
 from tests.support.faults import (
     TINY,
@@ -150,7 +151,7 @@ def test_a_transient_error_on_a_build_operation_or_revision_call_is_retried(sb, 
     if "/revisions/" in path:
         completed(promote(TINY, service))  # an existing service, so the update path (revision lookup) runs
     profile = build_profile() if "builds" in path or "/v1/" in path else None
-    infra.ensure_artifact_registry(flow_env)  # the registry exists: the v1 operation polled is the build's
+    ensure.ensure_artifact_registry(flow_env)  # the registry exists: the v1 operation polled is the build's
     sb.add_fault(server, method=method, path=path, status=status, times=1)
     state = promote(TINY, service, revision="dev", **({"profile": profile} if profile else {}))
     assert [r["fired"] for r in sb.faults()] == [1]

@@ -23,8 +23,8 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
 from prefect.settings import PREFECT_API_URL
 
 from flows.common import service_lock_name
-from tasks import clients
-from tasks.staging import MANIFEST, commit_prefix
+from tasks.common import clients
+from tasks.weights.staging import MANIFEST, commit_prefix
 from tests.support.faults import (
     FAST,
     ROOT,

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from flows.scale import scale_service
-from tasks import clients
-from tasks.report import PromotionReport
+from tasks.common import clients
+from tasks.report.report import PromotionReport
 from tests.support.faults import (
     CHAT,
     TINY,

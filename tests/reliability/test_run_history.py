@@ -12,7 +12,7 @@ from prefect.logging.handlers import APILogWorker
 
 from blocks import ServingProfile
 from flows.promote import promote_model
-from tasks.probe import VerifyOptions
+from tasks.deploy.probe import VerifyOptions
 from tests.support.artifacts import report_artifact
 from tests.support.delivery import NO_WATCH
 

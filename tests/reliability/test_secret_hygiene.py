@@ -20,9 +20,9 @@ from prefect.logging.handlers import APILogWorker
 
 from blocks import ServingProfile
 from flows.promote import promote_model
-from tasks import clients
-from tasks.probe import VerifyOptions
-from tasks.render import gcloud_command, service_yaml
+from tasks.common import clients
+from tasks.deploy.probe import VerifyOptions
+from tasks.deploy.render import gcloud_command, service_yaml
 
 pytestmark = pytest.mark.prefect
 TOKEN = "hf_RecognizableHygieneToken7f3a9c2e51b8d4"

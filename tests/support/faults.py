@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 
 from flows.promote import promote_model
-from tasks import clients
-from tasks.probe import VerifyOptions
-from tasks.report import PromotionReport
-from tasks.staging import MANIFEST
+from tasks.common import clients
+from tasks.deploy.probe import VerifyOptions
+from tasks.report.report import PromotionReport
+from tasks.weights.staging import MANIFEST
 from tests.support.delivery import NO_WATCH
 from tests.support.identity import bearer
 

@@ -14,7 +14,7 @@ import json
 import sys
 
 from flows.promote import promote_model
-from tasks.probe import VerifyOptions
+from tasks.deploy.probe import VerifyOptions
 
 if __name__ == "__main__":
     params = json.loads(sys.argv[1])

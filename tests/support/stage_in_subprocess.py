@@ -8,7 +8,7 @@ import sys
 from pydantic import SecretStr
 
 from blocks import GcpTarget, ModelSource
-from tasks.staging import StagingOptions, stage_model
+from tasks.weights.staging import StagingOptions, stage_model
 
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])

@@ -23,9 +23,9 @@ import yaml
 
 from blocks.target import GcpTarget
 from sandbox.handle import SandboxHandle
-from tasks import infra
-from tasks.permissions import DEPLOYER_ROLES
-from tasks.work_pool import RUNNER_ACCOUNT_ID
+from tasks.common.permissions import DEPLOYER_ROLES
+from tasks.infra import ensure
+from tasks.report.work_pool import RUNNER_ACCOUNT_ID
 from tests.support.prefect_server import run_command
 
 TARGET_BLOCK = "sandbox"  # the name deployments/sandbox/*.yaml give as target
@@ -62,7 +62,7 @@ def make_key(sandbox: SandboxHandle, email: str, path: Path) -> Path:
 def bootstrap_pipeline(sandbox: SandboxHandle, prefect: dict[str, str], folder: Path) -> Pipeline:
     owner_target = GcpTarget.model_validate(sandbox.target)  # the project owner's view, for the steps before
     runner = f"{RUNNER_ACCOUNT_ID}@{owner_target.project}.iam.gserviceaccount.com"
-    infra.get_or_create_service_account(owner_target, RUNNER_ACCOUNT_ID, runner, "Prefect flow runs", "worker e2e")
+    ensure.get_or_create_service_account(owner_target, RUNNER_ACCOUNT_ID, runner, "Prefect flow runs", "worker e2e")
     key_file = make_key(sandbox, runner, folder / "pipeline-runner-key.json")
     roles = runner_roles()
     sandbox.set_caller_roles(list(roles), member=f"serviceAccount:{runner}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from flows.project import PROJECT_DIR, set_project_directory
-from tasks.build_context import context_files
+from tasks.image.build_context import context_files
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILES = [ROOT / "prefect.yaml", ROOT / "sandbox" / "prefect.yaml"]

@@ -1,5 +1,5 @@
 """The promotion's price as the service will really run, every part of it, each price with its source
-(tasks/cost.py, tasks/prices.py)."""
+(tasks/report/cost.py, tasks/report/prices.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from blocks.hardware import GIB_SECOND_USD, GPUS, VCPU_SECOND_USD
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
-from tasks import prices
-from tasks.cost import (
+from tasks.report import prices
+from tasks.report.cost import (
     GIB,
     HOURS_PER_WEEK,
     SCRAPE_SECONDS,
@@ -23,7 +23,7 @@ from tasks.cost import (
     job_usd,
     storage_monthly_usd,
 )
-from tasks.work_pool import job_size
+from tasks.report.work_pool import job_size
 
 ROOT = Path(__file__).resolve().parents[2]
 L4_HOUR = 0.672 + 8 * 3600 * 0.000018 + 32 * 3600 * 0.000002  # GPU + 8 vCPU + 32 GiB, instance-based billing
@@ -180,5 +180,5 @@ def test_managed_prometheus_is_priced_per_sample_only_with_the_sidecar():
 def test_every_component_is_on_the_reports_lines_with_where_the_prices_come_from():
     cost = estimate(ServingProfile.preset("l4", metrics="vllm"), 55, E2B_WATCH)
     also = _also(cost, weights_bytes=10 * GIB, re_promotion=True, run_seconds=1800)
-    for part in ("weights", "flow job", "second instance", "Managed Prometheus", "tasks/prices.py"):
+    for part in ("weights", "flow job", "second instance", "Managed Prometheus", "tasks/report/prices.py"):
         assert part in also, also

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 
 from blocks.profile import PRESETS, ServingProfile
 from flows.common import ModelSpec
-from tasks.delivery import RolledBack, StepResult, WatchOptions, canary_split, check_canary, judge
-from tasks.monitoring import LatencyHistogram, RevisionTraffic, add_distribution, bucket_bounds, parse_time
-from tasks.preflight import check_candidate_quota
-from tasks.report import PromotionReport
+from tasks.checks.preflight import check_candidate_quota
+from tasks.deploy.traffic import canary_split
+from tasks.report.report import PromotionReport
+from tasks.watch.canary import RolledBack, StepResult, WatchOptions, check_canary, judge
+from tasks.watch.monitoring import LatencyHistogram, RevisionTraffic, add_distribution, bucket_bounds, parse_time
 
 
 def test_canary_steps_rise_from_1_to_99() -> None:

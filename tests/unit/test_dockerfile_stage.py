@@ -8,7 +8,7 @@ import pytest
 
 from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
 from blocks.images import ImageBuild
-from tasks.images import final_stage, keeps_model_garden_launcher
+from tasks.image.images import final_stage, keeps_model_garden_launcher
 
 GARDEN = MODEL_GARDEN_VLLM_IMAGE
 GARDEN_UPPER_HOST = "US-DOCKER.PKG.DEV/" + GARDEN.split("/", 1)[1]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from google.cloud import orgpolicy_v2
 
-from tasks.doctor import list_policy_allows, location_values
-from tasks.quotas import effective_limit
+from tasks.checks.doctor import list_policy_allows, location_values
+from tasks.checks.quotas import effective_limit
 
 
 def policy(*rules: dict) -> orgpolicy_v2.Policy:

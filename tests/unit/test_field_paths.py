@@ -7,7 +7,7 @@ import pytest
 
 from blocks import ImageBuild, ServingProfile
 from flows.common import ModelSpec, field_path, validated
-from tasks.schedules import WarmHours
+from tasks.report.schedules import WarmHours
 
 
 @pytest.mark.parametrize(

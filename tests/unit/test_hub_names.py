@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.hub import MAX_MODEL_BYTES, HubFile, HubListingError, check_path, unsafe_path_reason
-from tasks.selection import SelectionError, check_index, select_files
-from tasks.staging import Manifest, StagingError, object_name
+from tasks.weights.hub import MAX_MODEL_BYTES, HubFile, HubListingError, check_path, unsafe_path_reason
+from tasks.weights.selection import SelectionError, check_index, select_files
+from tasks.weights.staging import Manifest, StagingError, object_name
 
 COMMIT = "a" * 40
 GOOD = ("config.json", "model.safetensors", "original/params.json", "a b/ü.json", "x..y.json", ".gitattributes")

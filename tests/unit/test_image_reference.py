@@ -8,8 +8,8 @@ import pytest
 
 from blocks import ServingProfile
 from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
-from tasks.image_reference import InvalidImageReference, parse_image_reference
-from tasks.images import prebuilt_findings
+from tasks.image.image_reference import InvalidImageReference, parse_image_reference
+from tasks.image.images import prebuilt_findings
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from blocks import GcpTarget, ImageBuild, ModelSource, ServingProfile
 from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
-from tasks.images import (
+from tasks.deploy.render import Weights, render_service
+from tasks.image.images import (
     build_plan,
     check_local_source,
     content_tag,
@@ -20,7 +21,6 @@ from tasks.images import (
     render_build_yaml,
     tree_digest,
 )
-from tasks.render import Weights, render_service
 
 TARGET = GcpTarget(project="acme-ml-prod", region="asia-southeast1", artifact_repository="vllm-images")
 

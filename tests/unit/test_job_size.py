@@ -1,10 +1,10 @@
-"""How bootstrap sizes the Cloud Run pool's jobs for the models the project stages (tasks/work_pool.py)."""
+"""How bootstrap sizes the Cloud Run pool's jobs for the models the project stages (tasks/report/work_pool.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasks.work_pool import PROMOTION_BUDGET_S, STAGING_CPU_S_PER_GIB, job_size
+from tasks.report.work_pool import PROMOTION_BUDGET_S, STAGING_CPU_S_PER_GIB, job_size
 
 
 def test_a_62_gb_model_at_the_assumed_network_rate_fits_two_vcpus_with_its_staging_in_the_timeout():

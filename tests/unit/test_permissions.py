@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.authz import roles as sandbox_roles
-from tasks import permissions
+from tasks.common import permissions
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -19,7 +19,7 @@ def test_readme_role_table_is_the_generated_one() -> None:
     found = re.search(r"<!-- roles-table:start[^>]*-->\n(.*?)<!-- roles-table:end -->", text, re.S)
     assert found, "README.md lost its roles table markers"
     assert found.group(1) == permissions.readme_table(), (
-        "README's 'Roles the deployer needs' table differs from tasks/permissions.py: paste readme_table()"
+        "README's 'Roles the deployer needs' table differs from tasks/common/permissions.py: paste readme_table()"
     )
 
 

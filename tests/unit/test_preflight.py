@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from blocks import GcpTarget, ModelSource, ServingProfile
-from tasks.preflight import ModelFacts, PreflightError, check_model, check_profile, check_service, raise_on_errors
-from tasks.render import Weights, render_service
+from tasks.checks.findings import PreflightError
+from tasks.checks.preflight import ModelFacts, check_model, check_profile, check_service, raise_on_errors
+from tasks.deploy.render import Weights, render_service
 
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")
 SOURCE = ModelSource(repo_id="org/model")

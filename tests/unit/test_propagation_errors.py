@@ -1,4 +1,4 @@
-"""Which API answers mean "IAM has not propagated this service account yet" (tasks/propagation.py)."""
+"""Which API answers mean "IAM has not propagated this service account yet" (tasks/infra/propagation.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import itertools
 import pytest
 from google.api_core import exceptions as gexc
 
-from tasks.cloudrun import GPU_RELEASE_DEADLINE_S, REVISION_NAMES
-from tasks.propagation import DEADLINE_S, is_not_visible_yet, note_grant, redeploy_pauses, unreadable_on_new_grant
+from tasks.deploy.cloudrun import GPU_RELEASE_DEADLINE_S, REVISION_NAMES
+from tasks.infra.propagation import DEADLINE_S, is_not_visible_yet, note_grant, redeploy_pauses, unreadable_on_new_grant
 
 EMAIL = "hf-cloudrun-build@acme-ml-prod.iam.gserviceaccount.com"
 

@@ -6,7 +6,7 @@ import math
 
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
-from tasks.quotas import CPU, MEMORY, Need, gpu_quota, quotas_for, raw, refusal
+from tasks.checks.quotas import CPU, MEMORY, Need, gpu_quota, quotas_for, raw, refusal
 
 RTX = ServingProfile(**PRESETS["rtx-pro-6000"])
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")

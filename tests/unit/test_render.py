@@ -9,7 +9,7 @@ import yaml
 
 from blocks import GcpTarget, ImageBuild, ModelSource, ServingProfile
 from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
-from tasks.render import (
+from tasks.deploy.render import (
     Weights,
     container_args,
     gcloud_command,
@@ -261,7 +261,7 @@ def test_the_streamer_gets_its_threads_and_a_buffer_within_the_instance_and_no_e
 
 
 def test_a_streamer_buffer_the_instance_cannot_hold_is_refused():
-    from tasks.preflight import check_streamer_memory
+    from tasks.checks.preflight import check_streamer_memory
 
     too_big = ServingProfile.preset("l4", load_mode="runai-streamer", streamer_memory_gib=30)
     (finding,) = check_streamer_memory(too_big)

@@ -10,7 +10,7 @@ from google.api import launch_stage_pb2
 
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.hardware import GPUS
-from tasks.render import Weights, gcloud_command, render_service, service_yaml
+from tasks.deploy.render import Weights, gcloud_command, render_service, service_yaml
 
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")
 SOURCE = ModelSource(repo_id="google/gemma-4-E2B-it")

@@ -12,8 +12,8 @@ from google.cloud import run_v2
 
 from blocks import GcpTarget, ModelSource, ServingProfile
 from sandbox.conformance.schema import walker
-from tasks.metrics_sidecar import SIDECAR_IMAGE
-from tasks.render import Weights, gcloud_command, render_service, service_yaml
+from tasks.deploy.metrics_sidecar import SIDECAR_IMAGE
+from tasks.deploy.render import Weights, gcloud_command, render_service, service_yaml
 
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")
 SOURCE = ModelSource(repo_id="google/gemma-4-E2B-it")

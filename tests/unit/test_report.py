@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from blocks.profile import ServingProfile
-from tasks.builds import BuildAttempt, ImageBuildError, ImageResult
-from tasks.cost import WatchPlan, estimate
-from tasks.preflight import Finding, PreflightError
-from tasks.report import PromotionReport, Step
-from tasks.staging import StagingResult
+from tasks.checks.findings import Finding, PreflightError
+from tasks.image.builds import BuildAttempt, ImageBuildError, ImageResult
+from tasks.report.cost import WatchPlan, estimate
+from tasks.report.report import PromotionReport, Step
+from tasks.weights.staging import StagingResult
 
 LOG = "https://console.cloud.google.com/cloud-build/builds;region=europe-west4/{}?project=123"
 
@@ -85,7 +85,7 @@ def test_the_first_screen_has_outcome_revision_traffic_urls_cost_and_time():
         "| cost, also | weights <$0.001/month (0.00373 GiB in Cloud Storage, per staged commit); flow job $0.001 this "
         "run (Cloud Run job, 2 vCPU, 4 GiB, 32 s); second instance $0.92 per watched re-promotion (beside the "
         "candidate, 3 watched steps x 13 min); Managed Prometheus $0.74/month (430 series / 30 s); prices "
-        "(us-central1) and their sources: tasks/prices.py |",
+        "(us-central1) and their sources: tasks/report/prices.py |",
         "| time | 32.1 s in all, slowest stage 20.5 s: preflight 0.1 s · stage 20.5 s · image 8.5 s · verify 3.0 s |",
     ):
         assert f"\n{row}\n" in first, f"{row} is not on the first screen:\n{first}"

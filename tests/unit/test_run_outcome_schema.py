@@ -17,8 +17,8 @@ from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.teardown import teardown
-from tasks.outcome import ServiceState, rollback_outcome, scale_outcome, skipped_scale
-from tasks.schedules import hours_deployment, promote_command
+from tasks.report.outcome import ServiceState, rollback_outcome, scale_outcome, skipped_scale
+from tasks.report.schedules import hours_deployment, promote_command
 
 FLOWS = [scale_service, rollback_model, teardown, promote_model]
 TARGET = GcpTarget(project="my-project", region="europe-west4")

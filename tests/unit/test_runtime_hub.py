@@ -6,8 +6,8 @@ import yaml
 from google.cloud import run_v2
 
 from blocks import GcpTarget, ModelSource, ServingProfile
-from tasks.preflight import check_service
-from tasks.render import Weights, gcloud_command, render_service, service_yaml
+from tasks.checks.preflight import check_service
+from tasks.deploy.render import Weights, gcloud_command, render_service, service_yaml
 
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")
 SOURCE = ModelSource(repo_id="google/gemma-4-E2B-it")

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from flows.sync_deployments import PREFECT_FILES, ROOT, generated_block, model_deployments, synced
-from tasks.schedules import WarmHours, late_scale_up, parse_days
+from tasks.report.schedules import WarmHours, late_scale_up, parse_days
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tasks.hub import HubFile, retry_after_seconds
-from tasks.selection import SelectionError, select_files
+from tasks.weights.hub import HubFile, retry_after_seconds
+from tasks.weights.selection import SelectionError, select_files
 
 
 def files(*paths: str) -> list[HubFile]:

@@ -7,9 +7,8 @@ import pytest
 
 from blocks import GcpTarget, ServingProfile
 from blocks.hardware import GPUS
-from tasks.preflight import ModelFacts, check_model, check_profile
-from tasks.render import vllm_flags
-from tasks.vllm_rules import (
+from tasks.checks.preflight import ModelFacts, check_model, check_profile
+from tasks.checks.vllm_rules import (
     RENDERED_FROM,
     check_config,
     check_gpu_support,
@@ -17,6 +16,7 @@ from tasks.vllm_rules import (
     model_rules,
     profile_rules,
 )
+from tasks.deploy.render import vllm_flags
 
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")
 LLAMA = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.delivery import WatchOptions, judge
-from tasks.monitoring import LatencyHistogram, RevisionTraffic, parse_time
-from tasks.vllm_metrics import VllmSignals, _add_histogram_delta, _counter_delta, _step_deltas
+from tasks.watch.canary import WatchOptions, judge
+from tasks.watch.monitoring import LatencyHistogram, RevisionTraffic, parse_time
+from tasks.watch.vllm_metrics import VllmSignals, _add_histogram_delta, _counter_delta, _step_deltas
 
 TTFT_BOUNDS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 

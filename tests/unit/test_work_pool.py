@@ -17,7 +17,7 @@ import yaml
 from prefect_gcp.workers.cloud_run_v2 import CloudRunWorkerV2
 
 from blocks.target import GcpTarget
-from tasks.work_pool import cloud_run_base_job_template, default_base_job_template
+from tasks.report.work_pool import cloud_run_base_job_template, default_base_job_template
 from tests.support.cloud_run_job import key_file_block_data, prepare_job, problems
 
 ROOT = Path(__file__).resolve().parents[2]

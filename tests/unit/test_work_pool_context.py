@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.build_context import context_files
-from tasks.images import tree_digest
+from tasks.image.build_context import context_files
+from tasks.image.images import tree_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,19 @@
+"""The names the pipeline gives things on Google Cloud, shared by the steps that create, find and delete them."""
+
+from __future__ import annotations
+
+import re
+
+from blocks.target import GcpTarget
+
+# A Cloud Run service name: lowercase letters, digits and hyphens, starting with a letter (Cloud Run's own rule).
+SERVICE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# The tag a candidate revision is deployed under (its own URL, no traffic) ...
+CANDIDATE_TAG = "candidate"
+# ... and the tag the revision that served before keeps during the watch after a promotion.
+PREVIOUS_TAG = "previous"
+
+
+def repository_host(target: GcpTarget) -> str:
+    """The Artifact Registry Docker repository the target's images are pushed to."""
+    return f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}"

@@ -1,0 +1,1 @@
+"""Deploy: render the Cloud Run service, roll out a tagged candidate, probe it, move traffic, keep verdicts."""

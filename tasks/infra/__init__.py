@@ -1,0 +1,1 @@
+"""Infrastructure: get-or-create (and teardown) of bucket, registry, network, accounts, grants and secrets."""

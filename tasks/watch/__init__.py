@@ -1,0 +1,1 @@
+"""Watch: judge each traffic step on Cloud Monitoring's Cloud Run and vLLM metrics."""

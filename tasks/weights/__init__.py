@@ -1,0 +1,1 @@
+"""Weights: resolve a Hub revision, choose its files, stream them into GCS."""
