@@ -159,4 +159,3 @@ class Repo:
     def can_read(self, user: str | None) -> bool:
         """Whether ``user`` (None: anonymous) may see a private repo or download a gated one."""
         return user is not None and user in self.granted
-

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import grimp
