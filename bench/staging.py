@@ -79,7 +79,7 @@ def child(method: str, spec: dict) -> None:
 
     from blocks import GcpTarget, ModelSource
     from tasks.common import clients
-    from tasks.weights.hub import resolve_model
+    from tasks.weights.hub_listing import resolve_model
     from tasks.weights.selection import select_files
     from tasks.weights.staging import StagingOptions, stage_model
 

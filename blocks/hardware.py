@@ -24,6 +24,9 @@ class GpuSpec:
     compute_capability: tuple[int, int]
     """CUDA compute capability (NVIDIA's CUDA GPUs list: L4 8.9, RTX PRO 6000 Blackwell 12.0); vLLM checks dtypes and
     quantization kernels against it (tasks/checks/vllm_rules.py)."""
+    default_quota: int
+    """GPUs of this type a new project may use per region without zonal redundancy (with it, none): the figure assumed
+    only when Service Usage cannot be read and the profile states no ``gpu_quota`` (tasks/checks/quotas.gpu_need)."""
     per_instance: int = 1
     """GPUs one Cloud Run instance gets: exactly one (FACTS.md), so vLLM parallelism cannot exceed 1."""
     launch_stage: LaunchStage = "GA"
@@ -43,6 +46,7 @@ GPUS: dict[str, GpuSpec] = {
         ),
         hourly_usd=0.672,
         compute_capability=(8, 9),
+        default_quota=3,  # FACTS.md: 3 for a first L4 deploy (lesson 6)
     ),
     "nvidia-rtx-pro-6000": GpuSpec(
         memory_gb=96,
@@ -54,6 +58,7 @@ GPUS: dict[str, GpuSpec] = {
         # which overestimates rather than hides cost.
         hourly_usd=2.20,
         compute_capability=(12, 0),
+        default_quota=1,  # seed 001: "RTX quota is often 1" (Service Usage says 1000: milli-GPUs, tasks/checks/quotas)
         # Preview on Cloud Run ("GPU support for services": "Preview — NVIDIA RTX PRO 6000 Blackwell GPU"); seed 004
         # deploys it with `gcloud beta run deploy`. L4 has been GA since 2025-04-07 (Cloud Run release notes).
         launch_stage="BETA",

@@ -137,7 +137,14 @@ class ServingProfile(Block):
     )
     min_instances: int = Field(0, ge=0, le=100, description="Instances kept warm; 0 scales to zero when idle.")
     max_instances: int = Field(1, ge=1, le=1000, description="Upper bound; GPU quota is 3 per region by default.")
-    gpu_quota: int = Field(3, ge=0, description="GPUs this project may use in the region (lesson 6).")
+    gpu_quota: int | None = Field(
+        None,
+        ge=0,
+        description="The project's GPU quota in the region, for when Service Usage cannot be read (no "
+        "serviceusage.quotas.get). The quota read from Google always decides when it can be read, so a raised quota "
+        "needs no repeating here; empty with nothing readable, a new project's default is assumed (3 L4, 1 RTX Pro "
+        "6000; lesson 6).",
+    )
     concurrency: int | None = Field(
         None, ge=1, le=MAX_CONCURRENCY, description="Requests per instance; defaults to 2 x vllm.max_num_seqs."
     )
@@ -304,7 +311,6 @@ PRESETS: dict[str, dict] = {
         "memory_gib": 80,
         "gpu_type": "nvidia-rtx-pro-6000",
         "max_instances": 1,
-        "gpu_quota": 1,
     },
     # Seed 000's CPU mode: 4 vCPU / 10 GiB, vLLM built from Dockerfile.cpu, the in-process engine env.
     "cpu": {
@@ -312,7 +318,6 @@ PRESETS: dict[str, dict] = {
         "memory_gib": 10,
         "gpu_type": None,
         "max_instances": 1,
-        "gpu_quota": 0,
         "env": CPU_MODE_ENV,
         "image": None,
         "build": {"recipe": "vllm-cpu"},

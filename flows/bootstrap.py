@@ -150,7 +150,7 @@ def model_weights(model_dir: Path) -> tuple[int, list[str]]:
     for gated ones), and one line per file; a file whose size cannot be read says why and is left out."""
     from flows.common import read_spec
     from flows.promote import hf_resolve_model
-    from tasks.weights.hub import HubRetryPolicy
+    from tasks.weights.hub_retry import HubRetryPolicy
     from tasks.weights.staging import StagingOptions
 
     options = StagingOptions(retry=HubRetryPolicy(max_attempts=2, budget_s=30))  # a setup step: no long waits
@@ -195,7 +195,7 @@ def runner_account(target: GcpTarget, email: str) -> str:
             description="Runs the pipeline's flows as Cloud Run jobs of its Prefect work pool",
         )  # fmt: skip
         lines.append(f"service account {email}: {result.action}")
-    lines.append(f"the pool's jobs run as {email}; it needs the deployer roles (README, 'Roles the deployer needs'):")
+    lines.append(f"the pool's jobs run as {email}; it needs the deployer roles (docs/first-run.md, the role table):")
     member = f"serviceAccount:{email}"
     lines += [f"  {grant_command(target.project, need.role, member)}" for need in DEPLOYER_ROLES
               if not need.when.startswith("doctor")]  # fmt: skip

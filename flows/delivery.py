@@ -17,6 +17,7 @@ changed it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel
@@ -70,6 +71,32 @@ class ServiceChanged(RuntimeError):
     """Another run changed the service while this run's lock had lapsed: this run made no further change."""
 
 
+@dataclass(frozen=True)
+class DeliveryRun:
+    """What every step of one promotion's delivery reads, travelling together: the service and its verified
+    candidate, how traffic moves (``delivery``), the sampling periods each step is watched for (``samples``, 0: no
+    watch), the requests a watch sends itself when the service is too quiet to judge (``load``), and the service lock
+    that fences each write."""
+
+    target: GcpTarget
+    service_id: str
+    candidate: Candidate
+    delivery: Delivery
+    samples: int
+    lock: ServiceLock
+    load: WatchLoad | None = None
+
+    def fenced(self, expected: list[tuple[str, int]], step: str) -> None:
+        """Before a write: ``fenced`` on this run's lock and service."""
+        fenced(self.lock, self.target, self.service_id, expected, step)
+
+    def at_100(self) -> DeliveryRun:
+        """The run once the candidate takes all traffic: it has lost its tag, so the load goes to the service URL."""
+        if self.load is None:
+            return self
+        return replace(self, load=self.load.model_copy(update={"url": self.candidate.service_url}))
+
+
 def fenced(lock: ServiceLock, target: GcpTarget, service_id: str, expected: list[tuple[str, int]], step: str) -> None:
     """Before a write: the lock is renewed; if it lapsed since the last write, the service must still serve
     ``expected`` (what this run left it serving), else the run stops here."""
@@ -86,47 +113,35 @@ def fenced(lock: ServiceLock, target: GcpTarget, service_id: str, expected: list
     run_logger().info("%s: the service is as this run left it after its lock lapsed; going on", step)
 
 
-def deliver(
-    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int, lock: ServiceLock,
-) -> None:  # fmt: skip
+def deliver(report: PromotionReport, run: DeliveryRun) -> None:
     """Canary steps, then all traffic to the candidate, each step watched; a breach moves traffic back."""
-    canary, samples, load = watch_plan(report, target, service_id, candidate, delivery, samples)
-    now = candidate.left_serving
+    canary, run = watch_plan(report, run)
+    now = run.candidate.left_serving
     for percent in canary:
         step = f"canary {percent} %"
         with report.step(step):
-            fenced(lock, target, service_id, now, step)
-            now = run_shift_to_canary(target, service_id, candidate, percent)
-            result = _watch(target, service_id, candidate, delivery, samples, step, now, lock, load=load)
+            run.fenced(now, step)
+            now = run_shift_to_canary(run.target, run.service_id, run.candidate, percent)
+            result = _watch(run, step, now)
             report.delivery.append(result)
             if result.breached:
-                _roll_back(target, service_id, candidate, result, now, lock)
+                _roll_back(run, result, now)
     with report.step("promote"):
-        fenced(lock, target, service_id, now, "promote")
-        service = run_promote_candidate(target, service_id, candidate, keep_previous=samples > 0)
+        run.fenced(now, "promote")
+        service = run_promote_candidate(run.target, run.service_id, run.candidate, keep_previous=run.samples > 0)
         report.outcome = "promoted"
-        report.serving_revision = candidate.revision
+        report.serving_revision = run.candidate.revision
     previous_url = next((s.uri for s in service.traffic_statuses if s.tag == PREVIOUS_TAG), None)
-    watch_promoted(
-        report, target, service_id, candidate, delivery, samples, previous_url, previous_url is not None, lock,
-        at_100(load, candidate),
-    )  # fmt: skip
+    watch_promoted(report, run.at_100(), previous_url=previous_url)
 
 
-def at_100(load: WatchLoad | None, candidate: Candidate) -> WatchLoad | None:
-    """The load at 100 %: the candidate has lost its tag, and answers at the service URL."""
-    return load.model_copy(update={"url": candidate.service_url}) if load else None
-
-
-def watch_plan(
-    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery, samples: int
-) -> tuple[list[int], int, WatchLoad | None]:
-    """The canary steps, the samples of each watch and its load, once it is known what a watch could judge: said in
-    the log before anything waits, and in the report."""
+def watch_plan(report: PromotionReport, run: DeliveryRun) -> tuple[list[int], DeliveryRun]:
+    """The canary steps, and the run with the samples of each watch and its load, once it is known what a watch could
+    judge: said in the log before anything waits, and in the report."""
     log = run_logger()
+    candidate, delivery = run.candidate, run.delivery
     if not candidate.previous_traffic:  # a first deploy (or one whose first run died before verifying)
-        if samples:
+        if run.samples:
             report.notes.append(
                 "watch skipped: a first deploy has no earlier revision to go back to, so a breach could change "
                 "nothing; the next promotion of this service is watched"
@@ -134,15 +149,16 @@ def watch_plan(
             log.info("%s", report.notes[-1])
         if delivery.canary:
             log.info("canary %s skipped: a first deploy has no serving revision to split traffic with", delivery.canary)
-        return [], 0, None
-    if not samples:
-        return delivery.canary, 0, None
+        return [], replace(run, samples=0, load=None)
+    if not run.samples:
+        return delivery.canary, replace(run, load=None)
     # Over the watch's window, and no shorter than QUIET_PERIODS: a couple of quiet minutes on a service with users
     # is chance, not a quiet service. Plus Monitoring's delay, so that the span read is whole periods already shown.
-    lookback = max(samples, QUIET_PERIODS) * target.metrics_sample_seconds + target.metrics_delay_seconds
-    served = monitoring_read_served_requests(target, service_id, candidate.previous_traffic, lookback)
+    target = run.target
+    lookback = max(run.samples, QUIET_PERIODS) * target.metrics_sample_seconds + target.metrics_delay_seconds
+    served = monitoring_read_served_requests(target, run.service_id, candidate.previous_traffic, lookback)
     if served is None or served >= delivery.watch.min_requests:
-        return delivery.canary, samples, None
+        return delivery.canary, replace(run, load=None)
     quiet = (
         f"{describe_split(candidate.previous_traffic)} served {served} requests in the last {lookback:.0f} s, fewer "
         f"than the watch's min_requests ({delivery.watch.min_requests}): a watch would end 'too little traffic'"
@@ -150,69 +166,66 @@ def watch_plan(
     if delivery.without_traffic == "skip":
         report.notes.append(f"watch skipped: {quiet} (the profile's watch_without_traffic: skip)")
         log.info("%s; promoting without it", report.notes[-1])
-        return [], 0, None
+        return [], replace(run, samples=0, load=None)
     report.notes.append(f"watch loaded: {quiet}, so each step sends the verify step's request "
                         f"{delivery.watch.min_requests} times to the candidate (watch_without_traffic: "
                         "load)")  # fmt: skip
     log.info("%s", report.notes[-1])
     load = WatchLoad(url=candidate.url, audience=candidate.service_url, served_name=delivery.served_name,
                      requests=delivery.watch.min_requests)  # fmt: skip
-    return delivery.canary, samples, load
+    return delivery.canary, replace(run, load=load)
 
 
-def watch_promoted(
-    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int, previous_url: str | None, tagged: bool, lock: ServiceLock, load: WatchLoad | None = None,
-) -> None:  # fmt: skip
-    """The watch at 100 %, the previous revision kept warm at its tag URL (``tagged``); then its tag goes, or traffic
-    goes back. ``load``: the requests the watch sends itself (the service's own traffic is too little to judge)."""
-    if samples > 0:
+def watch_promoted(report: PromotionReport, run: DeliveryRun, *, previous_url: str | None) -> None:
+    """The watch at 100 %; then the previous revision's tag goes, or traffic goes back.
+
+    ``previous_url``: the tag URL of the revision that served before, when it kept its ``previous`` tag for this
+    watch (it is kept warm there, and untagged once the watch is over); None when no revision holds that tag (a
+    replace rollout has no GPU to keep one warm on)."""
+    alone = [(run.candidate.revision, 100)]
+    if run.samples > 0:
         with report.step("watch"):
-            keep_warm = (previous_url, candidate.service_url) if previous_url else None
-            alone = [(candidate.revision, 100)]
-            result = _watch(target, service_id, candidate, delivery, samples, "watch 100 %", alone, lock, keep_warm,
-                            load)  # fmt: skip
+            keep_warm = (previous_url, run.candidate.service_url) if previous_url else None
+            result = _watch(run, "watch 100 %", alone, keep_warm)
             report.delivery.append(result)
             if result.breached:
-                _roll_back(target, service_id, candidate, result, alone, lock)
-    if tagged:
-        fenced(lock, target, service_id, [(candidate.revision, 100)], "release the previous revision")
-        run_release_previous(target, service_id, candidate)
+                _roll_back(run, result, alone)
+    if previous_url is not None:
+        run.fenced(alone, "release the previous revision")
+        run_release_previous(run.target, run.service_id, run.candidate)
 
 
 def _watch(
-    target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery, samples: int, step: str,
-    split: list[tuple[str, int]], lock: ServiceLock, keep_warm: tuple[str, str] | None = None,
-    load: WatchLoad | None = None,
-) -> StepResult:  # fmt: skip
-    """One step's watch (its own task run); when it cannot judge (the metrics unreadable past their retries),
-    traffic goes back as on a breach: a run that failed leaves traffic where it was."""
+    run: DeliveryRun, step: str, split: list[tuple[str, int]], keep_warm: tuple[str, str] | None = None
+) -> StepResult:
+    """One step's watch (its own task run, given data only: the lock stays here); when it cannot judge (the metrics
+    unreadable past their retries), traffic goes back as on a breach: a run that failed leaves traffic where it was."""
+    candidate = run.candidate
     try:
-        return monitoring_watch_revision(target, service_id, candidate.revision, delivery.watch, samples, step, split,
-                                         keep_warm, delivery.vllm_metrics, load)  # fmt: skip
+        return monitoring_watch_revision(run.target, run.service_id, candidate.revision, run.delivery.watch,
+                                         run.samples, step, split, keep_warm, run.delivery.vllm_metrics,
+                                         run.load)  # fmt: skip
     except Exception as exc:
         if not candidate.previous_traffic:
             raise
-        fenced(lock, target, service_id, split, f"{step}: roll back")
-        run_abandon_candidate(target, service_id, candidate, "rolled-back")
+        run.fenced(split, f"{step}: roll back")
+        run_abandon_candidate(run.target, run.service_id, candidate, "rolled-back")
         raise InfraError(
             f"{step}: the watch could not judge the candidate ({exc}); traffic is back on "
             f"{describe_split(candidate.previous_traffic)}"
         ) from exc
 
 
-def _roll_back(
-    target: GcpTarget, service_id: str, candidate: Candidate, result: StepResult, split: list[tuple[str, int]],
-    lock: ServiceLock,
-) -> None:  # fmt: skip
+def _roll_back(run: DeliveryRun, result: StepResult, split: list[tuple[str, int]]) -> None:
     """Traffic back to where it was before the run (from ``split``), then the run fails saying what was seen."""
+    candidate = run.candidate
     if not candidate.previous_traffic:
         raise WatchBreached(
             f"{result.step} breached the SLO: {result.reason}. Nothing served before this run, so {candidate.revision} "
             "still serves: fix the model and promote again, or remove the service with teardown"
         )
-    fenced(lock, target, service_id, split, f"{result.step}: roll back")
-    run_abandon_candidate(target, service_id, candidate, "rolled-back")
+    run.fenced(split, f"{result.step}: roll back")
+    run_abandon_candidate(run.target, run.service_id, candidate, "rolled-back")
     raise RolledBack(
         f"{result.step} breached the SLO: {result.reason}; traffic is back on "
         f"{describe_split(candidate.previous_traffic)}"

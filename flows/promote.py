@@ -1,15 +1,15 @@
 """promote-model: a Hugging Face model to a verified vLLM revision on Cloud Run, or a report saying why not.
 
-preflight -> resolve -> ensure infra -> stage weights -> image -> render -> deploy candidate -> verify ->
-promote -> report. Traffic moves only after the candidate has answered a real chat completion at its own
-URL; on any failure it stays where it was, and the report says so.
+preflight -> resolve -> check service -> ensure infra -> stage weights -> image -> render -> deploy candidate ->
+verify -> deliver (flows/delivery.py: canary steps, promote, watch; flows/replace.py for the replace rollout) ->
+report. Traffic moves only after the candidate has answered a real chat completion at its own URL; on any failure
+it stays where it was, and the report says so.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from typing import NamedTuple, get_args
+from typing import get_args
 
 import httpx
 from google.api_core import exceptions as gexc
@@ -22,8 +22,9 @@ from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
-from flows.delivery import Delivery, at_100, deliver, fenced, watch_plan, watch_promoted
+from flows.delivery import Delivery, DeliveryRun, deliver, watch_promoted
 from flows.doctor import check_project
+from flows.replace import Stopped, deliver_in_place, resume_after_failed_replace, resume_old_revision, stop_for_replace
 from flows.service_lock import ServiceLock
 from tasks.checks import act_as
 from tasks.checks.preflight import (
@@ -40,10 +41,8 @@ from tasks.common.gcp import explain_forbidden
 from tasks.common.logs import run_logger
 from tasks.common.naming import CANDIDATE_TAG
 from tasks.common.progress import artifact_key
-from tasks.deploy import verdicts
 from tasks.deploy.cloudrun import (
     Candidate,
-    revision_names,
     run_abandon_candidate,
     run_check_candidate_verdict,
     run_deploy_candidate,
@@ -54,11 +53,11 @@ from tasks.deploy.cloudrun import (
 )
 from tasks.deploy.probe import VerifyOptions
 from tasks.deploy.render import Weights, gcloud_command, render_service, revision_name, service_yaml
-from tasks.deploy.rollout import Rollout, run_resume_serving, run_stop_serving
+from tasks.deploy.rollout import Rollout
 from tasks.image.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.image.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.infra import access, build_identity, ensure
-from tasks.report.cost import WatchPlan, estimate
+from tasks.report.cost import CostEstimate, WatchPlan, estimate
 from tasks.report.report import PromotionReport
 from tasks.report.schedules import WarmHours
 from tasks.watch.canary import (
@@ -66,9 +65,10 @@ from tasks.watch.canary import (
     check_canary,
     monitoring_read_revision,
 )
-from tasks.weights.hub import read_json_file, resolve_model
+from tasks.weights.hub_download import read_json_file
+from tasks.weights.hub_listing import resolve_model
 from tasks.weights.selection import check_index, index_to_check, select_files
-from tasks.weights.staging import StagingOptions, commit_prefix, hf_stage_model
+from tasks.weights.staging import StagingOptions, StagingResult, commit_prefix, hf_stage_model
 
 SAFETENSORS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -194,37 +194,24 @@ def promote_model(
 ) -> PromotionReport:
     """Promote a Hugging Face model to a healthy vLLM revision on Cloud Run GPUs.
 
-    Stages the weights in the target's bucket, ensures the infrastructure, pins or builds the image, deploys a
-    `candidate` revision with no traffic and verifies it (health, models, a chat completion). Traffic then moves in
-    the `canary` steps (e.g. [10, 50]) and to 100 %, each step watched on the revision's Cloud Monitoring metrics
-    (`watch`: sampling periods and the SLO: the error ratio and request p95, and with the profile's or model file's
-    `metrics: vllm` also TTFT, TPOT and errors inside streams; the profile's watch_samples by default). A breach moves
-    traffic back to the revision that served before, emits `model.rolled_back` and fails the run; any other failure
-    leaves traffic where it was. `rollout: replace` is for a GPU quota that cannot hold the candidate beside the
-    serving revision (one RTX Pro 6000): the serving revision stops first, and the report gives the downtime.
-    The image strategy is the profile's unless the run gives one: `image` (a pinned
-    prebuilt image) or `build` (Cloud Build from a git URL, a local folder or a recipe, with the OOM ladder).
-    `dry_run` stops after preflight and rendering and shows the plan, the gcloud equivalent and the Cloud Build
-    YAML. `spec_file` (a file in deployments/) supplies any parameter not given; without either, revision is main,
-    profile l4, target production. The report's cost assumes the file's business hours (`schedule:`, default 55 h
-    a week) unless `warm_hours_per_week` is given; a service promoted by parameters alone, with no schedule, is priced
-    as its min_instances runs it. A first deploy is not watched, nor a service with too little traffic to judge (the
-    profile's watch_without_traffic: skip, or load); the report says which.
+    Preflight, resolve the revision, ensure the infrastructure, stage the weights in the target's bucket, pin or build
+    the image, deploy a `candidate` revision with no traffic and verify it (health, models, a chat completion); then
+    move traffic in the `canary` steps and to 100 %, each step watched. A breach moves traffic back to the revision
+    that served before, emits `model.rolled_back` and fails the run; any other failure leaves traffic where it was.
+    The report (an artifact) says what was done, what the service costs, and where traffic stands.
 
     Args:
         model: The Hub repo id to serve, e.g. google/gemma-4-E2B-it; empty to take the spec_file's.
         revision: The Hub branch, tag or commit; weights are staged per resolved commit (default main).
-        profile: A preset (l4, rtx-pro-6000, cpu) or a saved ServingProfile block: GPU, resources, vLLM flags
-            (default l4).
+        profile: A preset (l4, rtx-pro-6000, cpu; default l4) or a saved ServingProfile block: GPU, resources, flags.
         target: The GcpTarget block that names the project and region (default production, which bootstrap saves).
         service: The Cloud Run service to deploy to; default a name made from the model id.
         image: A pinned prebuilt vLLM image to serve with, instead of the profile's image strategy.
-        build: How to build the image with Cloud Build (a recipe, a git URL at a ref, or a local folder), instead
-            of the profile's image strategy.
+        build: How to build the image with Cloud Build (a recipe, a git URL at a ref, or a local folder; the OOM
+            ladder), instead of the profile's image strategy.
         load_mode: How weights reach vLLM: gcs-volume (a Cloud Storage volume mount) or runai-streamer (streamed
             from gs://); default the profile's.
-        token_secret_block: The Secret block holding the Hub token, needed for gated models such as Gemma
-            (bootstrap saves hf-token from HF_TOKEN).
+        token_secret_block: The Secret block with the Hub token, for gated models like Gemma (bootstrap saves hf-token).
         hub_endpoint: Another Hub endpoint (a mirror); default huggingface.co.
         allow_patterns: Globs of the repo's files to stage (e.g. ["*.safetensors", "*.json"]), replacing the default
             selection: safetensors weights, config, tokenizer and chat-template files.
@@ -232,190 +219,275 @@ def promote_model(
         verify: What the candidate must show before it takes traffic: health window and cadence, the chat prompt,
             an optional load test and its SLO.
         canary: Traffic steps in percent before 100, e.g. [10, 50]; each step is watched. Empty moves all at once.
-        watch: How each traffic step is watched: Cloud Monitoring sampling periods (0 turns the watch off) and the
-            SLO (error ratio, request p95) a breach of which rolls traffic back.
+        watch: How each traffic step is watched on Cloud Monitoring: sampling periods (the profile's watch_samples
+            when empty, 0 turns the watch off) and the SLO a breach of which rolls traffic back (error ratio, request
+            p95; with metrics: vllm also TTFT, TPOT and errors inside streams). A first deploy is not watched, nor a
+            service too quiet to judge (the profile's watch_without_traffic); the report says which.
         rollout: zero-downtime (the candidate starts beside the serving revision) or replace (the serving revision
-            stops first, for a GPU quota that cannot hold both).
-        dry_run: Stop after preflight and rendering: show the plan, the gcloud equivalent and the Cloud Build YAML,
-            and change nothing.
+            stops first, for a GPU quota that cannot hold both; the report gives the downtime).
+        dry_run: Change nothing: stop after preflight and rendering, and show the plan, gcloud command and build YAML.
         warm_hours_per_week: The warm hours a week the report's cost assumes; default the model file's schedule
             (55 h: 08:00-19:00 Mon-Fri), or with no model file, as min_instances runs the service.
-        spec_file: A model file in deployments/, e.g. deployments/gemma-4-e2b.yaml: it supplies every parameter
-            not given.
+        spec_file: A model file in deployments/, e.g. deployments/gemma-4-e2b.yaml, supplying each parameter not given.
         force: Deploy and verify again a candidate a verdict found bad (it failed verification or was rolled back:
             the same weights, image and profile), which is refused otherwise.
     """
     spec = read_spec(spec_file)
+    report, gcp = _new_report(spec, model, revision, target, service)
+    try:  # from here on a failure has a service to report on: the report and the failure event go out with it
+        serving = _serving_profile(spec, profile, image, build, load_mode)
+        report.cost = _cost(serving, spec, warm_hours_per_week, from_model_file=spec_file is not None)
+        source = _model_source(report, spec, allow_patterns, ignore_patterns, token_secret_block, hub_endpoint)
+        delivery = _delivery(spec, serving, source, canary, watch, rollout)
+        report.cost.watch = WatchPlan.of(delivery.canary, delivery.samples(serving), gcp, delivery.rollout)
+        _promote(report, gcp, serving, source, verify, delivery, dry_run, force)
+    except Exception as exc:
+        report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
+        _where_traffic_stands(report, gcp, report.service)
+        _publish(report, gcp, report.service)
+        raise
+    _publish(report, gcp, report.service)
+    return report
+
+
+def _new_report(
+    spec: dict, model: str | None, revision: str | None, target: str | None, service: str | None
+) -> tuple[PromotionReport, GcpTarget]:
+    """The report on the model, revision and service (the run's parameters over the model file's), and the target."""
     model = model or spec.get("model")
     if not model:
         raise ValueError("model: give a Hub repo id (e.g. google/gemma-4-E2B-it) or a spec_file with one")
     gcp = load_target(target or spec.get("target", DEFAULT_TARGET))
-    service_id = service or spec.get("service") or service_id_for(model)
-    # From here on a failure has a service to report on: the report and the failure event go out with it.
     report = PromotionReport(
-        model=model, revision=revision or spec.get("revision", "main"), service=service_id, project=gcp.project,
-        region=gcp.region,
+        model=model, revision=revision or spec.get("revision", "main"),
+        service=service or spec.get("service") or service_id_for(model), project=gcp.project, region=gcp.region,
     )  # fmt: skip
-    try:
-        # The image strategy given to the run replaces the spec file's as a whole: a pinned image, or a build.
-        image, build = (image, build) if image or build else (spec.get("image"), spec.get("build"))
-        serving = load_profile(profile or spec.get("profile", "l4"), image, load_mode or spec.get("load_mode"), build)
-        if spec.get("metrics") is not None:  # the model file's choice of the metrics sidecar, over the profile's
-            serving = validated(ServingProfile, {**serving.model_dump(), "metrics": spec["metrics"]})
-        # Priced under the schedule the model file gives its scale-service deployment (defaults: 08-19 Mon-Fri).
-        warm_hours = (
-            validated(WarmHours, spec.get("schedule") or {}).hours_per_week
-            if warm_hours_per_week is None
-            else float(warm_hours_per_week)
-        )
-        if not 0 <= warm_hours <= 168:
-            raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")
-        # A model file's service runs on the schedule sync_deployments gives it; a service promoted by parameters
-        # alone has none, and runs as its min_instances says.
-        scheduled = spec_file is not None or warm_hours_per_week is not None
-        report.cost = estimate(serving, warm_hours if scheduled else None)
-        source = validated(ModelSource, {
-            "repo_id": model,
-            "revision": report.revision,
-            "allow_patterns": allow_patterns or spec.get("allow_patterns"),
-            "ignore_patterns": ignore_patterns or spec.get("ignore_patterns"),
-            "token_secret_block": token_secret_block or spec.get("token_secret_block"),
-            "hub_endpoint": hub_endpoint or spec.get("hub_endpoint"),
-        })  # fmt: skip
-        delivery = Delivery(
-            canary=check_canary(canary if canary is not None else spec.get("canary")),
-            watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
-            vllm_metrics=serving.metrics == "vllm",
-            rollout=check_rollout(rollout or spec.get("rollout") or "zero-downtime"),
-            without_traffic=serving.watch_without_traffic,
-            served_name=source.served_model_name,
-        )
-        delivery.watch.refuse_without_vllm_metrics(serving.metrics)
-        report.cost.watch = WatchPlan.of(delivery.canary, delivery.samples(serving), gcp, delivery.rollout)
-        _promote(report, gcp, serving, source, service_id, verify, delivery, dry_run, force)
-    except Exception as exc:
-        report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
-        _where_traffic_stands(report, gcp, service_id)
-        _publish(report, gcp, service_id)
-        run_logger().info("%s", report.outcome_line())
-        raise
-    _publish(report, gcp, service_id)
-    run_logger().info("%s", report.outcome_line())
-    return report
+    return report, gcp
+
+
+def _serving_profile(
+    spec: dict, profile: str | None, image: str | None, build: ImageBuild | None, load_mode: str | None
+) -> ServingProfile:
+    """The profile the run serves with: the run's parameters over the model file's."""
+    # The image strategy given to the run replaces the spec file's as a whole: a pinned image, or a build.
+    image, build = (image, build) if image or build else (spec.get("image"), spec.get("build"))
+    serving = load_profile(profile or spec.get("profile", "l4"), image, load_mode or spec.get("load_mode"), build)
+    if spec.get("metrics") is not None:  # the model file's choice of the metrics sidecar, over the profile's
+        serving = validated(ServingProfile, {**serving.model_dump(), "metrics": spec["metrics"]})
+    return serving
+
+
+def _cost(
+    serving: ServingProfile, spec: dict, warm_hours_per_week: float | None, from_model_file: bool
+) -> CostEstimate:
+    """The report's cost estimate, under the schedule the model file gives its scale-service deployment (defaults:
+    08-19 Mon-Fri) unless the run gives its warm hours."""
+    warm_hours = (
+        validated(WarmHours, spec.get("schedule") or {}).hours_per_week
+        if warm_hours_per_week is None
+        else float(warm_hours_per_week)
+    )
+    if not 0 <= warm_hours <= 168:
+        raise ValueError(f"warm_hours_per_week: {warm_hours} is not between 0 and 168 (the hours of a week)")
+    # A model file's service runs on the schedule sync_deployments gives it; a service promoted by parameters
+    # alone has none, and runs as its min_instances says.
+    scheduled = from_model_file or warm_hours_per_week is not None
+    return estimate(serving, warm_hours if scheduled else None)
+
+
+def _model_source(
+    report: PromotionReport, spec: dict, allow_patterns: list[str] | None, ignore_patterns: list[str] | None,
+    token_secret_block: str | None, hub_endpoint: str | None,
+) -> ModelSource:  # fmt: skip
+    """The repo and revision the report names, with what to stage of it and where from."""
+    return validated(ModelSource, {
+        "repo_id": report.model,
+        "revision": report.revision,
+        "allow_patterns": allow_patterns or spec.get("allow_patterns"),
+        "ignore_patterns": ignore_patterns or spec.get("ignore_patterns"),
+        "token_secret_block": token_secret_block or spec.get("token_secret_block"),
+        "hub_endpoint": hub_endpoint or spec.get("hub_endpoint"),
+    })  # fmt: skip
+
+
+def _delivery(
+    spec: dict, serving: ServingProfile, source: ModelSource, canary: list[int] | None, watch: WatchOptions | None,
+    rollout: str | None,
+) -> Delivery:  # fmt: skip
+    """How traffic is to move once the candidate is verified: the run's parameters over the model file's."""
+    delivery = Delivery(
+        canary=check_canary(canary if canary is not None else spec.get("canary")),
+        watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
+        vllm_metrics=serving.metrics == "vllm",
+        rollout=check_rollout(rollout or spec.get("rollout") or "zero-downtime"),
+        without_traffic=serving.watch_without_traffic,
+        served_name=source.served_model_name,
+    )
+    delivery.watch.refuse_without_vllm_metrics(serving.metrics)
+    return delivery
 
 
 def _promote(
-    report: PromotionReport,
-    target: GcpTarget,
-    profile: ServingProfile,
-    source: ModelSource,
-    service_id: str,
-    verify: VerifyOptions | None,
-    delivery: Delivery,
-    dry_run: bool,
-    force: bool = False,
-) -> None:
-    log = run_logger()
-    options = StagingOptions()
-    samples = delivery.samples(profile)
+    report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource,
+    verify: VerifyOptions | None, delivery: Delivery, dry_run: bool, force: bool = False,
+) -> None:  # fmt: skip
+    """The pipeline, each step timed in the report: checks that need no cloud write, then under the service's lock the
+    infrastructure, the weights, the image, the candidate and its verification, and the traffic."""
+    service_id = report.service
     if target.doctor_before_promote:
         with report.step("doctor"):
             # Read-only project checks first: a disabled API or a missing role fails here, before anything is spent.
             check_project(target, profile, service_id)
     with report.step("preflight"):
-        report.findings = raise_on_errors(check_profile(profile, target, service_id))
-        if profile.hf_token_at_runtime and clients.hub_token(source) is None:
-            raise ValueError(_NO_RUNTIME_TOKEN)
-        if delivery.canary and samples == 0:
-            raise ValueError(
-                f"canary: {delivery.canary} needs each step watched, but the watch is off (watch.samples or the "
-                "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
-            )
-        needs = check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at deploy
-        if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
-            report.findings += raise_on_errors(_candidate_quota(target, profile, service_id, delivery, needs))
+        _preflight(report, target, profile, source, delivery, dry_run)
     with report.step("resolve"):
-        commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, options)
-        report.commit = commit
-        report.findings += raise_on_errors(check_model(profile, ModelFacts(weights_bytes, config)))
+        weights = _resolve_revision(report, target, profile, source)
     with report.step("check service"):
         # The service as it will be sent, checked before any cloud call (only the image digest is still unknown).
-        weights = Weights(source.repo_id, commit, target.bucket_name, commit_prefix(target, source.repo_id, commit),
-                          weights_bytes)  # fmt: skip
         planned, build_yaml = _planned_service(target, profile, source, service_id, weights, exact_tag=dry_run)
         report.findings += raise_on_errors(check_service(profile, planned))
     if dry_run:
-        report.outcome = "dry-run"
-        plan = _dry_run_plan(report, target, planned, build_yaml)
-        create_markdown_artifact(
-            plan, key=artifact_key(f"plan-{service_id}"), description=f"dry run of {source.repo_id}"
-        )
-        print(plan)
+        _show_dry_run(report, target, source, planned, build_yaml)
         return
     with service_lock(target, service_id) as lock:
         with report.step("infrastructure"):
             for line in ensure_infrastructure(target, profile, source):
-                log.info(line)
+                run_logger().info(line)
         with report.step("stage"):
-            staged = hf_stage_model(target, source, source.token_secret_block, options)
-            report.staging = staged
+            report.staging = staged = hf_stage_model(target, source, source.token_secret_block, StagingOptions())
         with report.step("image"):
-            report.image = resolve_image(target, profile, attempt=cloudbuild_run_build)
-        weights = Weights(staged.repo_id, staged.commit, target.bucket_name, staged.object_prefix, staged.total_bytes)
-        image = report.image.image
+            report.image = image = resolve_image(target, profile, attempt=cloudbuild_run_build)
         with report.step("render"):
-            spec = render_service(
-                profile, target, source, weights, image, revision_name(service_id, weights, image, profile)
-            )
-            final = raise_on_errors(check_service(profile, spec))
-            report.findings += [f for f in final if f not in report.findings]
+            spec = _render(report, target, profile, source, staged, image.image)
         with report.step("deploy candidate"):
-            lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
-            if overridden := run_check_candidate_verdict(target, service_id, spec.template.revision, force):
-                log.warning("%s", overridden)
-                report.notes.append(overridden)
-            stopped = _stop_for_replace(target, service_id, spec, delivery)
-            try:
-                candidate = run_deploy_candidate(
-                    target, service_id, spec, gpu_freed=stopped is not None, before_retry=lock.fence
-                )
-            except Exception:
-                if stopped is not None:
-                    _resume_after_failed_replace(report, target, service_id, stopped, profile, lock)
-                raise
-            report.candidate_url = candidate.url if not candidate.unchanged else None
-            report.service_url = candidate.service_url
-            report.previous_revision = candidate.previous_revision
-            report.candidate_revision = candidate.revision
+            candidate, stopped = _deploy_candidate(report, target, profile, spec, delivery, lock, force)
+        run = DeliveryRun(target, service_id, candidate, delivery, delivery.samples(profile), lock)
         if candidate.unchanged:
-            report.outcome = "unchanged"
-            report.serving_revision = candidate.revision
-            if candidate.watch_pending:  # the run that promoted it died watching: this run finishes that promotion
-                report.outcome = "promoted"
-                watch_promoted(
-                    report, target, service_id, candidate, delivery, samples, candidate.previous_url, True, lock
-                )
+            _already_serving(report, run)
         else:
             with report.step("verify"):
-                try:
-                    report.verification = run_verify_candidate(target, candidate, source.served_model_name, verify)
-                    # A watch that cannot read the metrics must fail before traffic moves, not after (a first
-                    # deploy is not watched: flows/delivery.watch_plan).
-                    if samples and candidate.previous_traffic:
-                        monitoring_read_revision(target, service_id, candidate.revision, delivery.vllm_metrics)
-                except Exception:
-                    fenced(lock, target, service_id, candidate.left_serving, "abandon the candidate")
-                    run_abandon_candidate(target, service_id, candidate)
-                    if stopped is not None:
-                        _resume_old_revision(report, target, service_id, stopped, profile)
-                    raise
+                _verify_or_abandon(report, run, source, verify, stopped, profile)
             if stopped is not None:
-                _replace(report, target, service_id, candidate, delivery, samples, lock, stopped, profile)
+                deliver_in_place(report, run, stopped, profile)
             else:
-                deliver(report, target, service_id, candidate, delivery, samples, lock)
+                deliver(report, run)
         with report.step("invokers"):
             access.run_ensure_invokers(target, service_id)
         _where_traffic_stands(report, target, service_id)
+
+
+def _preflight(
+    report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource, delivery: Delivery,
+    dry_run: bool,
+) -> None:  # fmt: skip
+    """What would fail later, refused before any cloud write: the profile's findings, a runtime token there is none
+    of, a canary with no watch, the region's quotas and the candidate's GPU beside the serving revision's."""
+    report.findings = raise_on_errors(check_profile(profile, target, report.service))
+    if profile.hf_token_at_runtime and clients.hub_token(source) is None:
+        raise ValueError(_NO_RUNTIME_TOKEN)
+    if delivery.canary and delivery.samples(profile) == 0:
+        raise ValueError(
+            f"canary: {delivery.canary} needs each step watched, but the watch is off (watch.samples or the "
+            "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
+        )
+    needs = check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at deploy
+    if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
+        report.findings += raise_on_errors(_candidate_quota(target, profile, report.service, delivery, needs))
+
+
+def _resolve_revision(
+    report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource
+) -> Weights:
+    """The revision as a commit, the model checked against the profile (its size, its config), and the weights as
+    they will be staged."""
+    commit, weights_bytes, config = hf_resolve_model(source, source.token_secret_block, StagingOptions())
+    report.commit = commit
+    report.findings += raise_on_errors(check_model(profile, ModelFacts(weights_bytes, config)))
+    return Weights(source.repo_id, commit, target.bucket_name, commit_prefix(target, source.repo_id, commit),
+                   weights_bytes)  # fmt: skip
+
+
+def _show_dry_run(
+    report: PromotionReport, target: GcpTarget, source: ModelSource, planned: run_v2.Service, build_yaml: str | None
+) -> None:
+    """The plan, printed and as an artifact; the run ends here, having changed nothing."""
+    report.outcome = "dry-run"
+    plan = _dry_run_plan(report, target, planned, build_yaml)
+    create_markdown_artifact(plan, key=artifact_key(f"plan-{report.service}"),
+                             description=f"dry run of {source.repo_id}")  # fmt: skip
+    print(plan)
+
+
+def _render(
+    report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource, staged: StagingResult,
+    image: str,
+) -> run_v2.Service:  # fmt: skip
+    """The service as it will be sent, on the staged weights and the image by digest: checked again, now whole."""
+    weights = Weights(staged.repo_id, staged.commit, target.bucket_name, staged.object_prefix, staged.total_bytes)
+    spec = render_service(
+        profile, target, source, weights, image, revision_name(report.service, weights, image, profile)
+    )
+    final = raise_on_errors(check_service(profile, spec))
+    report.findings += [f for f in final if f not in report.findings]
+    return spec
+
+
+def _deploy_candidate(
+    report: PromotionReport, target: GcpTarget, profile: ServingProfile, spec: run_v2.Service, delivery: Delivery,
+    lock: ServiceLock, force: bool,
+) -> tuple[Candidate, Stopped | None]:  # fmt: skip
+    """The candidate revision, deployed with no traffic (with the replace rollout, once the serving revision has
+    stopped: returned too, to resume or replace); the report gets its URLs."""
+    service_id = report.service
+    lock.fence()  # the deploy reads the service afresh: only the lease needs to be good
+    if overridden := run_check_candidate_verdict(target, service_id, spec.template.revision, force):
+        run_logger().warning("%s", overridden)
+        report.notes.append(overridden)
+    stopped = stop_for_replace(target, service_id, spec, delivery)
+    try:
+        candidate = run_deploy_candidate(
+            target, service_id, spec, gpu_freed=stopped is not None, before_retry=lock.fence
+        )
+    except Exception:
+        if stopped is not None:
+            resume_after_failed_replace(report, target, service_id, stopped, profile, lock)
+        raise
+    report.candidate_url = candidate.url if not candidate.unchanged else None
+    report.service_url = candidate.service_url
+    report.previous_revision = candidate.previous_revision
+    report.candidate_revision = candidate.revision
+    return candidate, stopped
+
+
+def _already_serving(report: PromotionReport, run: DeliveryRun) -> None:
+    """The revision serves all traffic already: nothing moves, unless the run that promoted it died during its watch;
+    this run then finishes that promotion's watch."""
+    report.outcome = "unchanged"
+    report.serving_revision = run.candidate.revision
+    if run.candidate.watch_pending:
+        report.outcome = "promoted"
+        watch_promoted(report, run, previous_url=run.candidate.previous_url)
+
+
+def _verify_or_abandon(
+    report: PromotionReport, run: DeliveryRun, source: ModelSource, verify: VerifyOptions | None,
+    stopped: Stopped | None, profile: ServingProfile,
+) -> None:  # fmt: skip
+    """The candidate answers at its own URL, and the watch can read its metrics; otherwise it is abandoned (with the
+    replace rollout the old revision serves again) before any traffic moves."""
+    candidate = run.candidate
+    try:
+        report.verification = run_verify_candidate(run.target, candidate, source.served_model_name, verify)
+        # A watch that cannot read the metrics must fail before traffic moves, not after (a first deploy is not
+        # watched: flows/delivery.watch_plan).
+        if run.samples and candidate.previous_traffic:
+            monitoring_read_revision(run.target, run.service_id, candidate.revision, run.delivery.vllm_metrics)
+    except Exception:
+        run.fenced(candidate.left_serving, "abandon the candidate")
+        run_abandon_candidate(run.target, run.service_id, candidate)
+        if stopped is not None:
+            resume_old_revision(report, run.target, run.service_id, stopped, profile)
+        raise
 
 
 def check_rollout(rollout: str) -> Rollout:
@@ -437,8 +509,8 @@ def _serves(target: GcpTarget, service_id: str) -> bool:
 def _candidate_quota(
     target: GcpTarget, profile: ServingProfile, service_id: str, delivery: Delivery, needs: list[Need]
 ) -> list:
-    """Whether the region's GPU quota (in ``needs``, as the quota check read it; absent when unreadable: the deploy
-    finds out) holds the candidate beside the serving revision (zero-downtime, canary)."""
+    """Whether the region's GPU quota (in ``needs``: the one GPU quota figure the quota check judged by,
+    tasks/checks/quotas.gpu_need) holds the candidate beside the serving revision (zero-downtime, canary)."""
     assert profile.gpu_type is not None
     gpu = next((n for n in needs if n.quota.unit == "GPU"), None)
     limit = gpu.limit if gpu is not None else None
@@ -446,83 +518,6 @@ def _candidate_quota(
     quota_id = gpu_quota(profile.gpu_type, profile.gpu_zonal_redundancy).quota_id
     serving = _serves(target, service_id)
     return check_candidate_quota(profile, delivery.rollout, delivery.canary, serving, quota, target.region, quota_id)
-
-
-class Stopped(NamedTuple):
-    """A service a replace rollout stopped: the scaling to resume with, when it stopped serving, and the traffic it
-    served then."""
-
-    scaling: run_v2.ServiceScaling
-    at: float  # time.monotonic()
-    serving: list[tuple[str, int]]
-
-    @property
-    def since(self) -> float:
-        return time.monotonic() - self.at
-
-
-def _stop_for_replace(target: GcpTarget, service_id: str, spec: run_v2.Service, delivery: Delivery) -> Stopped | None:
-    """With the replace rollout, the serving revision stops before the candidate is deployed (its GPU freed); None
-    when there is nothing to replace (a first deploy, the same revision)."""
-    if delivery.rollout != "replace":
-        return None
-    try:
-        serving = serving_traffic(target, service_id)
-    except gexc.NotFound:
-        return None
-    if not serving or (len(serving) == 1 and serving[0][0] in revision_names(spec.template.revision)):
-        return None  # it serves this spec already (under a later name when earlier tries failed): nothing to replace
-    stopped = Stopped(run_stop_serving(target, service_id), time.monotonic(), serving)
-    run_logger().warning(
-        "replace rollout: %s serves nothing from now until %s takes its traffic (the GPU quota holds one of them)",
-        service_id, spec.template.revision,
-    )  # fmt: skip
-    return stopped
-
-
-def _resume_after_failed_replace(
-    report: PromotionReport, target: GcpTarget, service_id: str, stopped: Stopped, profile: ServingProfile,
-    lock: ServiceLock,
-) -> None:  # fmt: skip
-    """The candidate never started: the old revision serves again (a cold start on the freed GPU). A failure here is
-    logged, not raised: the candidate's failure is the run's story."""
-    try:
-        fenced(lock, target, service_id, stopped.serving, "resume the old revision")
-        _resume_old_revision(report, target, service_id, stopped, profile)
-    except Exception as exc:
-        run_logger().error(
-            "replace rollout: %s could not be switched back to automatic scaling (%s); it serves nothing until this "
-            "promotion runs again (a rerun finds it stopped and resumes it)", service_id, exc,
-        )  # fmt: skip
-
-
-def _resume_old_revision(
-    report: PromotionReport, target: GcpTarget, service_id: str, stopped: Stopped, profile: ServingProfile
-) -> None:
-    """The candidate of a replace rollout is abandoned: automatic scaling again, and the old revision serves from a
-    cold start on the freed GPU; the report says what the stop cost."""
-    run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
-    report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
-
-
-def _replace(
-    report: PromotionReport, target: GcpTarget, service_id: str, candidate: Candidate, delivery: Delivery,
-    samples: int, lock: ServiceLock, stopped: Stopped, profile: ServingProfile,
-) -> None:  # fmt: skip
-    """The verified candidate takes all traffic and the service scales automatically again, in one update; the
-    watch follows at 100 %, with no previous revision kept warm (there is no GPU for it)."""
-    _, samples, load = watch_plan(report, target, service_id, candidate, delivery, samples)
-    with report.step("promote"):
-        fenced(lock, target, service_id, candidate.left_serving, "promote")
-        run_resume_serving(target, service_id, stopped.scaling, profile.max_instances, candidate.revision)
-        verdicts.record(target, candidate.service, candidate.revision, "verified")
-        report.downtime = (
-            f"{stopped.since:.0f} s (replace rollout: from stopping {candidate.previous_revision} to "
-            f"{candidate.revision} taking all traffic)"
-        )
-        report.outcome = "promoted"
-        report.serving_revision = candidate.revision
-    watch_promoted(report, target, service_id, candidate, delivery, samples, None, False, lock, at_100(load, candidate))
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
@@ -544,8 +539,8 @@ def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id
 
 
 def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
-    """The report and links (service URL, Cloud Run console, Cloud Build log) as artifacts, and an event automations
-    can act on."""
+    """The report and links (service URL, Cloud Run console, Cloud Build log) as artifacts, an event automations can
+    act on, and the outcome as the log's last line."""
     create_markdown_artifact(
         report.markdown(), key=artifact_key(f"promotion-{service_id}"), description=f"promotion of {report.model}"
     )
@@ -573,3 +568,4 @@ def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> Non
             "revision": report.serving_revision, "traffic": report.traffic,
             "steps": [step.model_dump() for step in report.delivery],
         })  # fmt: skip
+    run_logger().info("%s", report.outcome_line())  # the run's last words: what it did, and where traffic stands

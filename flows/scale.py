@@ -10,6 +10,7 @@ from prefect.runtime import deployment, flow_run
 
 from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
+from tasks.checks.quotas import run_check_scale_quota
 from tasks.common.gcp import InfraError
 from tasks.deploy.cloudrun import Scaling, run_scale_service
 from tasks.report.outcome import publish, run_read_service, scale_outcome, skipped_scale
@@ -68,8 +69,9 @@ def scale_service(
         min_instances: Instances kept running: 1 or more keeps a GPU warm (billed while it runs), 0 scales to zero.
         max_instances: The most instances; empty keeps the service's. Their GPUs must fit the region's GPU quota.
         target: The GcpTarget block that names the project and region (bootstrap saves `production`).
-        gpu_quota: The project's GPU quota in the region, when it was raised above the default (3 L4, 1 RTX Pro
-            6000); `max_instances` is checked against it.
+        gpu_quota: The project's GPU quota in the region, used only when Service Usage cannot be read: the quota
+            read from Google decides whenever it can be read (a raised one needs no repeating here); with neither, a
+            new project's default (3 L4, 1 RTX Pro 6000) is assumed. `max_instances` is checked against it.
         warm_until: HH:MM in `timezone`, set by the schedules' scale-up: a scale-up that runs after that day's warm
             hours (its worker was down) does nothing, so no GPU starts at night.
         timezone: The IANA time zone of `warm_until`, e.g. Europe/Berlin.
@@ -90,7 +92,10 @@ def scale_service(
             return None
         if before is None:
             raise InfraError(f"service: {not_promoted(gcp, service)}, or check the name (`gcloud run services list`)")
-        result = run_scale_service(gcp, service, min_instances, max_instances, gpu_quota)
+        # The GPU quota figure promote-model's preflight judges by (tasks/checks/quotas.py): Cloud Run itself would
+        # take a maximum over it, and the instances above it would never start.
+        run_check_scale_quota(gcp, service, max_instances, gpu_quota)
+        result = run_scale_service(gcp, service, min_instances, max_instances)
     if result.changed:
         emit("service.scaled", gcp, service, {"min_instances": min_instances, "max_instances": result.max_instances})
     publish(scale_outcome(gcp, before, min_instances, result.max_instances, result.changed))

@@ -28,6 +28,9 @@ SANDBOX_EXTRA = {
     "cryptography": "cryptography",
     "starlette": "starlette",
     "uvicorn": "uvicorn",
+    "proto": "proto-plus",
+    "prometheus_client": "prometheus-client",
+    "trustme": "trustme",
 }
 INSTALL_EXTRA = "pip install -e '.[sandbox]'"
 # What `up` writes into its --state-dir. INFO_FILE is sandbox.runtime's, not imported from there: that module loads

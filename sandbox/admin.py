@@ -8,38 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from sandbox.faults import FaultRule
+from sandbox.config import ConfigUpdate
+from sandbox.faults import FaultRule, unknown_server_message
 
 if TYPE_CHECKING:
     from sandbox.runtime import SandboxRuntime
-
-
-class ConfigUpdate(BaseModel):
-    """The settings a running sandbox takes: a key it does not know is refused (400), never silently dropped."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    time_scale: float | None = Field(None, gt=0, le=1)
-    gpu_quota: dict[str, int] | None = None
-    zonal_redundancy_gpu_quota: int | None = Field(None, ge=0)
-    cpu_quota: float | None = None
-    memory_quota_gib: float | None = None
-    runtime_gpu_quota: bool | None = None
-    gpu_release_seconds: float | None = Field(None, ge=0)
-    iam_propagation_seconds: float | None = Field(None, ge=0)
-    grant_propagation_seconds: float | None = Field(None, ge=0)
-    monitoring_delay_seconds: float | None = Field(None, ge=0)
-    caller: str | None = Field(None, pattern=r"^(user|serviceAccount|group):[^@\s]+@[^@\s]+$")
-    disabled_apis: list[str] | None = None
-    org_policies: dict[str, dict] | None = None
-    serverless_ip_hold_seconds: float | None = Field(None, ge=0)
-    prometheus_ingest_delay_seconds: float | None = Field(None, ge=0)
-    job_start_seconds: float | None = Field(None, ge=0)
 
 
 def _bad_request(exc: ValidationError) -> JSONResponse:
@@ -51,8 +29,9 @@ def admin_routes(runtime: SandboxRuntime) -> list[BaseRoute]:
         return JSONResponse(runtime.info())
 
     async def add_fault(request: Request) -> JSONResponse:
+        # A misspelt key or server is refused (400, naming it): accepted, the rule would never do what the test meant.
         try:
-            rule = FaultRule.model_validate(await request.json())
+            rule = FaultRule.model_validate(await request.json(), context={"servers": runtime.faults.servers})
         except ValidationError as exc:
             return _bad_request(exc)
         return JSONResponse(runtime.faults.add(rule).model_dump())
@@ -61,8 +40,11 @@ def admin_routes(runtime: SandboxRuntime) -> list[BaseRoute]:
         return JSONResponse([r.model_dump() for r in runtime.faults.rules()])
 
     async def clear_faults(request: Request) -> JSONResponse:
-        runtime.faults.clear(request.query_params.get("server"))
-        return JSONResponse({})
+        server = request.query_params.get("server")
+        if server is not None and (problem := unknown_server_message(server, runtime.faults.servers)):
+            # A misspelt server would clear nothing and leave the rule to fire in the next test.
+            return JSONResponse({"error": [{"loc": ["server"], "msg": problem}]}, status_code=400)
+        return JSONResponse([r.model_dump() for r in runtime.faults.clear(server)])  # the rules removed
 
     async def requests(request: Request) -> JSONResponse:
         server = request.query_params.get("server")

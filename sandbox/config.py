@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 # Where `make engine` puts the real vLLM engine's venv.
 DEFAULT_ENGINE_VENV = Path(__file__).resolve().parent.parent / ".engine"
@@ -69,6 +69,7 @@ class SandboxConfig(BaseModel):
     )
     caller: str = Field(
         "user:sandbox-owner@example.com",
+        pattern=r"^(user|serviceAccount|group):[^@\s]+@[^@\s]+$",
         description="the principal every API call is made as (the sandbox's clients send no credentials); its "
         "roles come from the project IAM policy, where it starts as roles/owner (see sandbox/authz)",
     )
@@ -126,3 +127,42 @@ class SandboxConfig(BaseModel):
         "Cloud Run): IAM is eventually consistent (Google's IAM docs, 'Access change propagation': typically "
         "within 2 minutes, up to 7); a minute keeps tests quick (0.6 s real at the default clock)",
     )
+
+
+# The settings a running sandbox takes (POST /_sandbox/config): the rest (project, ports, engine, seeding) are read
+# once at start, so changing them later would answer 200 and change nothing. The one list of them.
+RUNTIME_SETTINGS = (
+    "time_scale",
+    "gpu_quota",
+    "zonal_redundancy_gpu_quota",
+    "cpu_quota",
+    "memory_quota_gib",
+    "runtime_gpu_quota",
+    "gpu_release_seconds",
+    "iam_propagation_seconds",
+    "grant_propagation_seconds",
+    "monitoring_delay_seconds",
+    "caller",
+    "disabled_apis",
+    "org_policies",
+    "serverless_ip_hold_seconds",
+    "prometheus_ingest_delay_seconds",
+    "job_start_seconds",
+)
+
+
+def _optional(name: str) -> tuple[object, object]:
+    """SandboxConfig's field ``name`` as an optional one: the same type and bounds, None when the update leaves it."""
+    field = SandboxConfig.model_fields[name]
+    kind = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+    return kind | None, Field(None, description=field.description)
+
+
+# Derived from SandboxConfig, so a bound or a type is written once: a key it does not know (or one only read at start)
+# is refused, never silently dropped.
+ConfigUpdate = create_model(
+    "ConfigUpdate",
+    __config__=ConfigDict(extra="forbid"),
+    __doc__="The settings a running sandbox takes (RUNTIME_SETTINGS), each optional.",
+    **{name: _optional(name) for name in RUNTIME_SETTINGS},
+)

@@ -16,25 +16,52 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 FaultAction = Literal["status", "replace", "drop", "delay", "slow", "corrupt"]
 
+# A Cloud Run service's front end, or one of its tag URLs (sandbox/control/run): they come and go with services, and
+# a test may aim a rule at one before the promotion creates it, so these names are known by their shape.
+FRONT_END = re.compile(r"run:[a-z](?:[a-z0-9-]*[a-z0-9])?(?::[a-z](?:[a-z0-9-]*[a-z0-9])?)?")
+FRONT_END_SHAPE = "run:<service>[:<tag>]"
+
+
+def front_end_server(service_id: str, tag: str | None = None) -> str:
+    """The fault-rule ``server`` of a Cloud Run front end: one spelling for the server and for rules aimed at it."""
+    return f"run:{service_id}" + (f":{tag}" if tag else "")
+
+
+def unknown_server_message(server: str, known: Iterable[str]) -> str | None:
+    """Why ``server`` names no server of this sandbox, or None when it does: a rule for a misspelt server would sit
+    in the registry and never fire, and a test relying on it would pass without its fault."""
+    known = sorted(known)
+    if server in known or FRONT_END.fullmatch(server):
+        return None
+    return f"unknown server {server!r}: this sandbox's servers are {', '.join(known)} and {FRONT_END_SHAPE}"
+
 
 class FaultRule(BaseModel):
-    """One injected fault. ``server`` names the sandbox piece: hub, cdn, gcs, control, or a service front end.
+    """One injected fault. ``server`` names the sandbox piece: hub, cdn, gcs, metadata, control, or a Cloud Run
+    front end (``run:<service>[:<tag>]``).
 
     ``status`` answers instead of the app; ``replace`` lets the app do the work and then answers with the
     status instead (a create that "another caller" won: the resource exists, the caller sees 409).
+
+    An unknown key is refused rather than ignored: ``{"delay": 5}`` for ``delay_s`` would otherwise be a delay of
+    0 s, and the test would pass without the fault it meant. Validated with the context ``{"servers": names}``
+    (what the admin API passes), an unknown server is refused too.
     """
+
+    model_config = ConfigDict(extra="forbid")
 
     server: str
     path: str = Field(".*", description="regex searched in the request path (query excluded)")
     method: str | None = None
     action: FaultAction = "status"
-    status: int = 503
+    status: int = Field(503, ge=100, le=599)
     retry_after: str | None = Field(None, description="Retry-After header value for status faults")
     headers: dict[str, str] = Field(default_factory=dict)
     body: str | None = None
@@ -45,6 +72,14 @@ class FaultRule(BaseModel):
     delay_s: float = Field(0.0, ge=0, description="delay: seconds before answering; slow: per 64 KiB chunk")
     id: int = 0
     fired: int = 0
+
+    @field_validator("server")
+    @classmethod
+    def _known_server(cls, server: str, info: ValidationInfo) -> str:
+        known = (info.context or {}).get("servers")
+        if known is not None and (problem := unknown_server_message(server, known)):
+            raise ValueError(problem)
+        return server
 
     @model_validator(mode="after")
     def _compile(self) -> FaultRule:
@@ -70,6 +105,7 @@ class FaultRegistry:
 
     def __init__(self, log_limit: int = 50_000) -> None:
         self._lock = threading.Lock()
+        self.servers: set[str] = set()  # the servers that apply rules, as FaultMiddleware names them
         self._rules: list[FaultRule] = []
         self._rngs: dict[int, random.Random] = {}
         self._ids = itertools.count(1)
@@ -79,13 +115,18 @@ class FaultRegistry:
     def add(self, rule: FaultRule) -> FaultRule:
         with self._lock:
             rule.id = next(self._ids)
+            rule.fired = 0  # counted here only: a client cannot post a rule that has "already fired"
             self._rules.append(rule)
             self._rngs[rule.id] = random.Random(rule.seed)
             return rule
 
-    def clear(self, server: str | None = None) -> None:
+    def clear(self, server: str | None = None) -> list[FaultRule]:
+        """Remove the rules of ``server`` (all without one); returns them with what they fired, read in the same
+        step, so a client's check that its rules fired cannot miss a request that came in between."""
         with self._lock:
+            removed = [r for r in self._rules if server is None or r.server == server]
             self._rules = [r for r in self._rules if server is not None and r.server != server]
+            return removed
 
     def rules(self) -> list[FaultRule]:
         with self._lock:
@@ -135,6 +176,8 @@ class FaultMiddleware:
         self.server = server
         self.registry = registry
         self.record_bodies = record_bodies
+        if not FRONT_END.fullmatch(server):
+            registry.servers.add(server)  # what a rule may name (front ends are known by their shape)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"].startswith("/_sandbox"):

@@ -10,12 +10,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from sandbox.runtime import INFO_FILE
+
+
+@dataclass
+class _AddedFault:
+    """A rule this handle added: as the sandbox stored it, why it may stay idle, and what it fired once removed."""
+
+    rule: dict
+    may_not_fire: str | None
+    fired: int | None = None  # None while the rule is still in the sandbox (its count is read there)
 
 
 class SandboxHandle:
@@ -25,6 +35,7 @@ class SandboxHandle:
         self.info = info
         self.process = process
         self.admin = httpx.Client(base_url=f"{info['control_url']}/_sandbox", timeout=30)
+        self._added_faults: dict[int, _AddedFault] = {}  # by rule id, until take_unfired_faults
 
     @classmethod
     def start(cls, state_dir: Path, *args: str, timeout_s: float = 180.0) -> SandboxHandle:
@@ -86,15 +97,45 @@ class SandboxHandle:
         response.raise_for_status()
         return response.json()
 
-    def add_fault(self, server: str, **rule: Any) -> dict:
-        """Inject a fault (see ``sandbox.faults.FaultRule``); returns the stored rule with its id."""
-        return self._ok(self.admin.post("/faults", json={"server": server, **rule}))
+    def add_fault(self, server: str, *, may_not_fire: str | None = None, **rule: Any) -> dict:
+        """Inject a fault (see ``sandbox.faults.FaultRule``); returns the stored rule with its id.
+
+        The handle remembers the rule until ``take_unfired_faults``: a fault that never fired tested nothing, so the
+        tests' check fails a test whose rule stayed idle. ``may_not_fire`` says why this one legitimately may (a
+        guard against a race the test usually wins, say); the reason stays with the test that needs it.
+        """
+        response = self.admin.post("/faults", json={"server": server, **rule})
+        if response.status_code == 400:  # a misspelt key or server: say which, not just "400 Bad Request"
+            message = f"the sandbox refused fault rule {rule | {'server': server}}: {response.text}"
+            raise httpx.HTTPStatusError(message, request=response.request, response=response)
+        added = self._ok(response)
+        self._added_faults[added["id"]] = _AddedFault(added, may_not_fire)
+        return added
 
     def faults(self) -> list[dict]:
         return self._ok(self.admin.get("/faults"))
 
     def clear_faults(self, server: str | None = None) -> None:
-        self._ok(self.admin.delete("/faults", params={"server": server} if server else None))
+        """Remove the rules (of ``server``, else all); what the remembered ones fired is kept for the check."""
+        removed = self._ok(self.admin.delete("/faults", params={"server": server} if server else None))
+        for rule in removed:
+            if (added := self._added_faults.get(rule["id"])) is not None:
+                added.fired = rule["fired"]
+
+    def take_unfired_faults(self) -> list[dict]:
+        """The rules added through this handle since the last call that never fired and were not allowed not to;
+        the handle then forgets every rule it remembered (the check runs once per test)."""
+        added, self._added_faults = self._added_faults, {}
+        if any(f.fired is None for f in added.values()):
+            current = {r["id"]: r["fired"] for r in self.faults()}
+            for rule_id, fault in added.items():
+                if fault.fired is None:
+                    fault.fired = current.get(rule_id, 0)  # removed behind this handle's back: nothing to show
+        return [f.rule for f in added.values() if f.fired == 0 and f.may_not_fire is None]
+
+    def forget_faults(self) -> None:
+        """Drop the remembered rules unchecked: a test that failed already says what went wrong."""
+        self._added_faults = {}
 
     def requests(self, server: str | None = None, since: int = 0) -> list[dict]:
         params: dict[str, Any] = {"since": since}

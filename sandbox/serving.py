@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -45,18 +46,51 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _proc_stat(pid: int | str) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of a Linux process, from /proc; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+def _descendants(pid: int) -> list[tuple[int, int]]:
+    """Every process started under ``pid``, as (pid, start time), whatever session it moved to: Prefect's runner
+    starts the flow in a session of its own, out of reach of a group-wide signal. [] where there is no /proc."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and (stat := _proc_stat(entry.name)) is not None:
+                children.setdefault(stat[0], []).append((int(entry.name), stat[1]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
 async def stop_process_group(process: asyncio.subprocess.Process, grace_s: float) -> None:
     """Stop a container as Cloud Run does: SIGTERM to its process group, SIGKILL ``grace_s`` later. The whole group
     goes (what the main process started too), and only right after the stop, while the group id cannot have been
-    given to another process."""
+    given to another process. So do the processes the container started in sessions of their own: on Cloud Run they
+    die with the container, and here one would otherwise live on (a timed-out job's flow still staging, holding its
+    service's lock)."""
     if process.returncode is not None:
         return
+    strays = _descendants(process.pid)  # found now: once their parent has gone they are init's
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(process.wait()), timeout=grace_s)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+    for pid, started in strays:
+        stat = _proc_stat(pid)
+        if stat is not None and stat[1] == started:  # the same process, not a new one given its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     await process.wait()
 
 

@@ -15,17 +15,13 @@ directory and is trusted only by clients that are told about it (``HTTPLIB2_CA_C
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+import trustme
 
 # The Google API host names the TLS face answers for (storage.googleapis.com goes to the GCS front, the rest to
 # the control plane; oauth2 is listed so a client's token refresh reaches the sandbox rather than failing DNS).
@@ -47,7 +43,8 @@ TLS_NAMES: tuple[str, ...] = (
 STORAGE_NAME = "storage.googleapis.com"
 OAUTH2_NAME = "oauth2.googleapis.com"
 DEFAULT_TLS_PORT = 443
-# Long enough for a demo or a test session on a slow machine; short, because a new CA is made per sandbox start.
+# The server certificate's validity. Long enough for a demo or a test session on a slow machine; short, because a
+# new CA is made per sandbox start.
 VALIDITY = datetime.timedelta(days=7)
 # Covers a clock that is slightly behind the one that signed.
 BACKDATE = datetime.timedelta(hours=1)
@@ -63,24 +60,12 @@ class TlsMaterial:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a file that only the owner can read, with no moment at which it is readable by others."""
+    """Write ``data`` to a file that only the owner can read, with no moment at which it is readable by others
+    (trustme's ``Blob.write_to_path`` opens with the default mode, so keys are written here)."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _key_usage(**allowed: bool) -> x509.KeyUsage:
-    """A KeyUsage extension allowing only ``allowed`` (every other usage off)."""
-    usages = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
-              "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")  # fmt: skip
-    return x509.KeyUsage(**{usage: allowed.get(usage, False) for usage in usages})
 
 
 def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsMaterial:
@@ -94,70 +79,34 @@ def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsM
         raise ValueError("make_tls_material needs at least one host name")
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - BACKDATE, now + VALIDITY
 
-    # EC P-256: generated in milliseconds (an RSA key takes far longer on a loaded machine) and accepted by
-    # OpenSSL, httplib2 and httpx alike.
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "hf-cloudrun-pipeline sandbox"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"sandbox throwaway CA {now:%Y-%m-%dT%H:%M:%SZ}"),
-        ]
+    # trustme makes EC P-256 keys by default (generated in milliseconds; an RSA key takes far longer on a loaded
+    # machine) and the extensions OpenSSL's strict verification demands (Python 3.13's default context sets
+    # VERIFY_X509_STRICT): critical BasicConstraints and KeyUsage, SKI and AKI. path_length=0: this CA signs
+    # server certificates only. trustme gives its CA certificate a fixed validity (2000 to 3000); the server
+    # certificate, which is what clients are served, keeps the short window below.
+    ca = trustme.CA(
+        path_length=0,
+        organization_name="hf-cloudrun-pipeline sandbox",
+        organization_unit_name=f"sandbox throwaway CA {now:%Y-%m-%dT%H:%M:%SZ}",
     )
-    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    # Critical BasicConstraints and KeyUsage, SKI and AKI: what OpenSSL's strict verification (Python 3.13's
-    # default context sets VERIFY_X509_STRICT) demands of a CA and of the certificates it signs.
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            _key_usage(key_cert_sign=True, crl_sign=True),
-            critical=True,
-        )
-        .add_extension(ca_ski, critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    leaf_key = ec.generate_private_key(ec.SECP256R1())
-    leaf_cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_name)
-        .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [*(x509.DNSName(name) for name in names), x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            _key_usage(digital_signature=True),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf_key.public_key()), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    # The names as DNS SANs in order, then 127.0.0.1 as an IP SAN (trustme reads an address as one).
+    leaf = ca.issue_cert(
+        *names,
+        "127.0.0.1",
+        common_name=names[0],
+        organization_name="hf-cloudrun-pipeline sandbox",
+        not_before=now - BACKDATE,
+        not_after=now + VALIDITY,
     )
 
     material = TlsMaterial(
         ca_file=directory / "ca.pem", cert_file=directory / "server.pem", key_file=directory / "server-key.pem"
     )
-    _write_private(directory / "ca-key.pem", _key_pem(ca_key))
-    _write_private(material.key_file, _key_pem(leaf_key))
-    material.cert_file.write_bytes(leaf_cert.public_bytes(serialization.Encoding.PEM))
-    material.ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write_private(directory / "ca-key.pem", ca.private_key_pem.bytes())
+    _write_private(material.key_file, leaf.private_key_pem.bytes())
+    leaf.cert_chain_pems[0].write_to_path(material.cert_file)
+    ca.cert_pem.write_to_path(material.ca_file)
     return material
 
 

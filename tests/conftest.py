@@ -22,6 +22,9 @@ from sandbox.handle import SandboxHandle
 from sandbox.metadata import point_google_auth_at
 from tests.support.sandbox_config import config_setter
 
+# flow_env, for every tier that runs the flows (e2e, reliability, engine).
+pytest_plugins = ["tests.support.flow_env"]
+
 # Before google-auth's metadata module is imported (it reads GCE_METADATA_HOST once; nothing above imports it):
 # ID tokens come from the session sandbox's metadata server, as they would from a Cloud Run worker's.
 METADATA_PORT = point_google_auth_at()
@@ -57,6 +60,47 @@ def sb(sandbox: SandboxHandle) -> Iterator[SandboxHandle]:
     sandbox.clear_faults()
     yield sandbox
     sandbox.clear_faults()
+
+
+def _sandbox_handles(item: pytest.Item) -> list[SandboxHandle]:
+    """The sandboxes a test had among its fixtures (``sb`` and ``sandbox`` are one handle)."""
+    values = (getattr(item, "funcargs", None) or {}).values()
+    return list({id(v): v for v in values if isinstance(v, SandboxHandle)}.values())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A fault a test injects must fire: an idle rule (a path the product no longer calls, a service misnamed) lets
+    the test pass without the failure it was written to survive. Checked when the test body passed, before its
+    fixtures clear the rules (the handle kept what a clear in the test removed); a rule that may legitimately stay
+    idle is added with ``may_not_fire="why"``."""
+    handles = _sandbox_handles(item)
+    try:
+        result = yield
+    except BaseException:
+        for handle in handles:
+            handle.forget_faults()  # the test failed already, perhaps before its fault's turn
+        raise
+    unfired = [rule for handle in handles for rule in handle.take_unfired_faults()]
+    if unfired:
+        pytest.fail(
+            "fault rules that never fired (fix the rule, or add it with may_not_fire=reason):\n"
+            + "\n".join(
+                f"  {r['server']} {r['method'] or '*'} {r['path']!r} ({r['action']}, rule {r['id']})" for r in unfired
+            ),
+            pytrace=False,
+        )
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Rules a fixture added around the test body are not the next test's: the handles forget them."""
+    try:
+        return (yield)
+    finally:
+        for handle in _sandbox_handles(item):
+            handle.forget_faults()
 
 
 @pytest.fixture

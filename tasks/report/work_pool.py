@@ -44,9 +44,9 @@ CREDENTIALS_BLOCK_TYPE = "gcp-credentials"
 
 
 # Job sizing --------------------------------------------------------------------------------------------------------
-# The stager's own CPU per GiB, from `python -m bench.staging` (README, "Staging": medians 2.20, 1.95 and 1.80 CPU-s
-# per GiB at 1, 4 and 16 GiB; the highest is taken). The bench runs on plain HTTP: HTTPS to the Hub and to Cloud
-# Storage costs more CPU, so the figure is doubled.
+# The stager's own CPU per GiB, from `python -m bench.staging` (docs/development.md, "Staging": medians 2.20, 1.95
+# and 1.80 CPU-s per GiB at 1, 4 and 16 GiB; the highest is taken). The bench runs on plain HTTP: HTTPS to the Hub
+# and to Cloud Storage costs more CPU, so the figure is doubled.
 STAGING_CPU_S_PER_GIB = 2.2 * 2
 # What the network gives a job is not published (Cloud Run documents no per-instance bandwidth: bench/README.md), so
 # it is a stated assumption, overridable with `bootstrap gcp --staging-mb-s`.

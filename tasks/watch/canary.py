@@ -25,7 +25,7 @@ from typing import Literal
 
 import httpx
 from prefect import task
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from blocks.target import GcpTarget
 from tasks.common import clients
@@ -71,16 +71,31 @@ class WatchOptions(BaseModel):
         description="Largest p95 time per output token, ms, from vLLM's metrics (needs metrics: vllm). Empty: 100 ms, "
         "MLPerf Inference's Llama 3.1 8B server limit: 10 tokens/s, faster than people read.",
     )
-    max_p95_ms: float | None = Field(
+    max_p95_ms: float | Literal["off"] | None = Field(
         None,
-        gt=0,
         description="Largest p95 request latency, ms, as Cloud Run measures it (a whole completion: it follows "
-        "max_tokens and answer length). Empty: 60,000 ms when the watch has only Cloud Run's request metrics; not "
-        "judged when it has vLLM's TTFT and TPOT.",
+        'max_tokens and answer length); "off" does not judge it. Empty: 60,000 ms when the watch has only Cloud '
+        "Run's request metrics; not judged when it has vLLM's TTFT and TPOT. 0 is refused: it could mean either.",
     )
     min_requests: int = Field(
         10, ge=1, description="Requests a step needs before its ratio and p95 are judged; fewer are reported as such."
     )
+
+    @field_validator("max_p95_ms", mode="before")
+    @classmethod
+    def _p95_limit_or_off(cls, value: object) -> object:
+        """A limit, "off", or empty (None) for the default. Empty once meant "not judged", which "off" says now; what
+        could be read as a limit or as off (0, false, another word) is refused rather than guessed. Empty stays
+        accepted: Prefect sends a WatchOptions whose field was never set as null, and the run must take it back."""
+        if value is None or value == "off":
+            return value
+        limit = None if isinstance(value, bool) else _number(value)
+        if limit == 0:
+            raise ValueError(f"0 could mean off (as watch.samples: 0 does) or a limit every request breaches; "
+                             f"{P95_CHOICES}")  # fmt: skip
+        if limit is None or not limit > 0:  # not a number, negative, or NaN
+            raise ValueError(f"{value!r} is neither a limit in ms nor off; {P95_CHOICES}")
+        return limit
 
     def refuse_without_vllm_metrics(self, metrics: str) -> None:
         """TTFT and TPOT come from vLLM's metrics: without the sidecar there is nothing to judge them on."""
@@ -92,11 +107,27 @@ class WatchOptions(BaseModel):
                 )
 
     def slo(self, vllm: bool) -> Slo:
-        """The limits in force: the cited defaults for what was left empty."""
+        """The limits in force: the cited defaults for what was left empty; None for a latency not judged."""
+        if self.max_p95_ms == "off":
+            p95 = None
+        elif vllm:  # TTFT and TPOT judge latency: a whole request's p95 only when asked for
+            p95 = self.max_p95_ms
+        else:
+            p95 = self.max_p95_ms or DEFAULT_P95_MS
         if vllm:
             return Slo(self.max_error_ratio, self.max_ttft_p95_ms or DEFAULT_TTFT_P95_MS,
-                       self.max_tpot_p95_ms or DEFAULT_TPOT_P95_MS, self.max_p95_ms)  # fmt: skip
-        return Slo(self.max_error_ratio, None, None, self.max_p95_ms or DEFAULT_P95_MS)
+                       self.max_tpot_p95_ms or DEFAULT_TPOT_P95_MS, p95)  # fmt: skip
+        return Slo(self.max_error_ratio, None, None, p95)
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a number (a number, or a string of one), else None."""
+    if not isinstance(value, int | float | str):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 # MLPerf Inference's LLM server limits (mlcommons/inference_policies inference_rules.adoc, "Conversational category:
@@ -106,6 +137,10 @@ class WatchOptions(BaseModel):
 DEFAULT_TTFT_P95_MS = 2_000.0
 DEFAULT_TPOT_P95_MS = 100.0
 DEFAULT_P95_MS = 60_000.0
+P95_CHOICES = (
+    'give the largest request p95 in ms (e.g. 30000), "off" not to judge it, or leave it empty for the default '
+    "(60,000 ms when the watch has only Cloud Run's request metrics; not judged when it has vLLM's TTFT and TPOT)"
+)
 
 
 @dataclass(frozen=True)

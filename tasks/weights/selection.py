@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatch
 
-from tasks.weights.hub import MAX_MODEL_BYTES, MAX_SELECTED_FILES, HubFile, check_path
+from tasks.weights.hub_listing import MAX_MODEL_BYTES, MAX_SELECTED_FILES, HubFile, check_path
 
 SUPPORT_FILES = (
     "config.json",

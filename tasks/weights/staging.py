@@ -31,17 +31,10 @@ from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.logs import run_logger
 from tasks.common.progress import ByteProgress, artifact_key
-from tasks.weights.hub import (
-    ChecksumMismatch,
-    HubFile,
-    HubFileStream,
-    HubRetryPolicy,
-    ResolvedModel,
-    RetryStats,
-    read_json_file,
-    resolve_model,
-    unsafe_path_reason,
-)
+from tasks.weights.hub_download import HubFileStream, read_json_file
+from tasks.weights.hub_errors import ChecksumMismatch
+from tasks.weights.hub_listing import HubFile, ResolvedModel, resolve_model, unsafe_path_reason
+from tasks.weights.hub_retry import HubRetryPolicy, RetryStats
 from tasks.weights.selection import check_index, index_to_check, select_files
 
 MANIFEST = "_manifest.json"
@@ -55,8 +48,8 @@ class StagingError(RuntimeError):
 class StagingOptions(BaseModel):
     """Knobs of the stager; memory grows with parallel_files x chunk_mib, never with the model's size."""
 
-    # Defaults from `python -m bench.staging` (issue 16, README "Staging weights"): 16 MiB chunks cost less CPU
-    # per GiB than 8 MiB (half the upload requests) and keep peak RSS near 200 MiB; 32 MiB saved no more CPU
+    # Defaults from `python -m bench.staging` (issue 16, docs/reference.md "Staging weights"): 16 MiB chunks cost
+    # less CPU per GiB than 8 MiB (half the upload requests) and keep peak RSS near 200 MiB; 32 MiB saved no more CPU
     # and took RSS to 266 MiB. 4 files beat 2 by about 45% at 4 GiB (212 vs 145 MB/s median).
     parallel_files: int = Field(4, ge=1, le=32, description="Files streamed at once.")
     chunk_mib: int = Field(16, ge=1, le=256, description="GCS resumable upload chunk, MiB (memory per file).")

@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-collect_ignore_glob = [] if os.environ.get("UI_CHECK") == "1" else ["test_*.py"]
+from tests.support.screenshots import SCREENSHOTS
 
-SCREENSHOTS: list[str] = []  # filled by the `shots` fixture, printed at the end of the run
+collect_ignore_glob = [] if os.environ.get("UI_CHECK") == "1" else ["test_*.py"]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

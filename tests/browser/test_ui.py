@@ -29,7 +29,7 @@ import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from sandbox.serving import free_port
-from tests.browser.conftest import SCREENSHOTS
+from tests.support.screenshots import SCREENSHOTS
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")

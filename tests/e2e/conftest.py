@@ -1,32 +1,10 @@
-"""End-to-end fixtures: flows against the sandbox under the session's Prefect harness."""
+"""End-to-end fixtures: flows against the sandbox under the session's Prefect harness (``flow_env`` is
+tests/support/flow_env.py's, shared with the other tiers that run flows)."""
 
 from __future__ import annotations
 
 import pytest
 from prefect.testing.fixtures import asserting_events_worker  # noqa: F401  (a pytest fixture)
-
-
-@pytest.fixture(scope="session")
-def flow_env(sandbox, prefect_api):
-    """Blocks for the sandbox saved (the GcpTarget as "sandbox" and as "production"), and the Hub stand-in as
-    HF_ENDPOINT, as `python -m sandbox blocks` does."""
-    import os
-    from pathlib import Path
-
-    from sandbox.blocks import save_sandbox_blocks
-
-    target = save_sandbox_blocks(Path(sandbox.info["state_dir"]))
-    # The flows' default target is "production" (what bootstrap saves): here the sandbox is that project, so a
-    # test that names no target runs against it, as a user's run would against theirs.
-    target.save("production", overwrite=True)
-    previous = os.environ.get("HF_ENDPOINT")
-    os.environ["HF_ENDPOINT"] = sandbox.hub_url
-    yield target
-    if previous is None:
-        os.environ.pop("HF_ENDPOINT", None)
-    else:
-        os.environ["HF_ENDPOINT"] = previous
-
 
 USERS_VISIBLE = 10  # the watch's default min_requests, the most any test asks for
 

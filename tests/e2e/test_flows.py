@@ -11,25 +11,23 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from google.api_core import exceptions as gexc
-from google.cloud import run_v2
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
-from prefect.client.schemas.sorting import ArtifactSort, TaskRunSort
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.sorting import TaskRunSort
 from prefect.events.worker import EventsWorker
 
 from blocks import GcpTarget, ServingProfile
-from flows.promote import promote_model
 from flows.rollback import rollback_model
 from flows.scale import scale_service
 from flows.teardown import teardown
 from tasks.common import clients
 from tasks.deploy.probe import VerifyOptions
 from tasks.infra import ensure
-from tests.support.delivery import NO_WATCH
+from tests.support.artifacts import artifact
 from tests.support.locks import lock_slots, wait_until
+from tests.support.promotion import promote, run_service
 
 pytestmark = pytest.mark.prefect
-FAST = VerifyOptions(health_period_s=0.05)
 _ids = itertools.count()
 WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 
@@ -37,27 +35,6 @@ WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 @pytest.fixture
 def service() -> str:
     return f"e2e-{next(_ids)}"
-
-
-def promote(service: str, **kwargs):
-    params = {"model": "sandbox/tiny-chat", "service": service, "token_secret_block": "sandbox-hf-token",
-              "verify": FAST, "watch": NO_WATCH, **kwargs}  # fmt: skip
-    return promote_model(**params)
-
-
-def artifact(key: str) -> str:
-    async def read():
-        async with get_client() as client:
-            found = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC
-            )
-        return found[0].data if found else ""
-
-    return asyncio.run(read())
-
-
-def run_service(target, service: str) -> run_v2.Service:
-    return clients.run_services(target).get_service(name=f"{target.location_path}/services/{service}")
 
 
 def test_promotion_writes_a_report_with_the_figures_and_an_event(flow_env, service, asserting_events_worker):

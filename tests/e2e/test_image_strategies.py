@@ -1,4 +1,4 @@
-"""Every image strategy the README offers, promoted end to end and answering a chat through the service URL.
+"""Every image strategy docs/reference.md offers, promoted end to end and answering a chat through the service URL.
 
 Strategies: the pinned Model Garden image, the serve-wrapper recipe (seed 002), the vllm-cpu recipe (seed 000,
 from a local stand-in of vLLM's repository: no network), a local source folder and a git source; each with

@@ -18,7 +18,8 @@ from flows.promote import promote_model
 from tasks.deploy.probe import VerifyOptions
 from tasks.watch.monitoring import LatencyHistogram, list_series
 from tasks.watch.vllm_metrics import TTFT, _add_histogram_delta, _step_deltas, revision_filter
-from tests.e2e.test_flows import artifact, run_service
+from tests.support.artifacts import artifact
+from tests.support.promotion import run_service
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)

@@ -1,11 +1,11 @@
-"""The README's role table is exactly enough: with only those roles the whole lifecycle works, and without any one
-of them the flow stops with the missing permission and the role to grant.
+"""The role table of docs/first-run.md is exactly enough: with only those roles the whole lifecycle works, and
+without any one of them the flow stops with the missing permission and the role to grant.
 
 The caller's roles live in the sandbox project's IAM policy (sandbox/authz); every API call is checked against
 them as Google checks it. One service is promoted with a Cloud Build image and the Hub token in Secret Manager
 (so every conditional role is needed); the removal runs reuse it and fail at the first step that needs the role.
 Before that promote, doctor runs under the same roles (the table's "doctor (read-only checks)" rows included) and
-must find nothing failed: the README's roles are enough to run doctor too.
+must find nothing failed: the table's roles are enough to run doctor too.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tasks.deploy.probe import VerifyOptions
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
-README_ROLES = [need.role for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES)]  # the README table, row by row
+README_ROLES = [need.role for need in (*DEPLOYER_ROLES, *DOCTOR_ROLES)]  # docs/first-run.md's table, row by row
 _ids = itertools.count()
 
 
@@ -58,7 +58,7 @@ def build_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def readme_roles(sandbox: SandboxHandle, flow_env) -> Iterator[SandboxHandle]:
-    """The caller holds exactly the README's roles for the module; owner again afterwards."""
+    """The caller holds exactly the table's roles for the module; owner again afterwards."""
     with sandbox.caller_roles(README_ROLES):
         yield sandbox
 
@@ -78,7 +78,7 @@ def doctored(readme_roles: SandboxHandle, build_source: Path) -> tuple[str, str,
 
 @pytest.fixture(scope="module")
 def promoted(doctored: tuple[str, str, list[Check]]) -> tuple[str, str]:
-    """A service promoted twice (main, then dev) with only the README's roles, after doctor: (service, profile)."""
+    """A service promoted twice (main, then dev) with only the table's roles, after doctor: (service, profile)."""
     service, profile, _ = doctored
     first = promote(service, profile)
     assert first.outcome == "promoted" and first.image is not None and first.image.attempts  # really built
@@ -109,7 +109,7 @@ def test_the_readme_roles_promote_scale_roll_back_and_tear_down(promoted: tuple[
 
 @pytest.fixture
 def without(readme_roles: SandboxHandle) -> Iterator[Callable[[str], None]]:
-    """Drop one README role for the test; all of them again afterwards."""
+    """Drop one of the table's roles for the test; all of them again afterwards."""
 
     def drop(role: str) -> None:
         readme_roles.set_caller_roles([r for r in README_ROLES if r != role])

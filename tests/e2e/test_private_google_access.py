@@ -13,7 +13,7 @@ from google.cloud import compute_v1
 from tasks.checks import doctor as checks
 from tasks.common import clients
 from tasks.deploy.cloudrun import DeployFailed, deploy_candidate
-from tests.e2e.test_flows import promote, run_service
+from tests.support.promotion import promote, run_service
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()

@@ -18,7 +18,8 @@ import pytest
 from tasks.checks.findings import PreflightError
 from tasks.common import clients
 from tasks.deploy.cloudrun import DeployFailed, deploy_candidate
-from tests.e2e.test_flows import artifact, promote, run_service
+from tests.support.artifacts import artifact
+from tests.support.promotion import promote, run_service
 from tests.support.run_log import run_logs
 
 pytestmark = pytest.mark.prefect

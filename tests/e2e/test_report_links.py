@@ -12,8 +12,8 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from blocks import ServingProfile
 from flows.promote import promote_model
 from tasks.common import clients
-from tests.e2e.test_flows import FAST
 from tests.support.delivery import NO_WATCH
+from tests.support.promotion import FAST
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()

@@ -13,7 +13,7 @@ import pytest
 
 from flows.rollback import rollback_model
 from tasks.common import clients
-from tests.e2e.test_flows import promote, run_service
+from tests.support.promotion import promote, run_service
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()
@@ -66,7 +66,7 @@ def test_a_revision_rolled_back_from_is_not_rolled_back_to(flow_env):
 def test_a_promotion_run_again_after_its_rollback_is_refused_naming_the_verdict(flow_env):
     """Issue 33: promote v1.0, roll it back, run the same promotion again (CI, the UI's "run again"): the rolled-back
     revision went back to 100 % silently. Its candidate is that very revision, so the run is refused without force."""
-    from tests.e2e.test_flows import artifact
+    from tests.support.artifacts import artifact
 
     service = f"verdicts-{next(_ids)}"
     a = promote(service).serving_revision

@@ -21,7 +21,7 @@ from prefect.schedules import Cron
 from flows.rollback import rollback_model
 from flows.scale import scale_service
 from tasks.common import clients
-from tests.e2e.test_flows import promote
+from tests.support.promotion import promote
 from tests.support.run_log import run_logs
 
 pytestmark = pytest.mark.prefect

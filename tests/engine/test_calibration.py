@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from blocks.profile import CPU_MODE_ENV
 from sandbox.hub.tiny_llama import tiny_llama_blobs
@@ -228,22 +229,21 @@ def test_a_chat_answer_has_the_engines_fields(both):
 
 
 def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
-    """Each family's TYPE and the label names its samples carry."""
-    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
-    labels: dict[str, set[str]] = {}
-    for name, label_text in re.findall(r"^([a-zA-Z_:][\w:]*)\{([^}]*)\}", text, re.M):
-        labels.setdefault(name, set()).update(re.findall(r'(\w+)="', label_text))
-    return {name: (kind, frozenset(labels.get(name, ()))) for name, kind in types.items()}
+    """Each family's type and the label names its samples carry (a histogram's ``le`` included), read by
+    prometheus_client's parser, which names a counter without its ``_total`` as both sides alike."""
+    return {
+        family.name: (family.type, frozenset(label for sample in family.samples for label in sample.labels))
+        for family in text_string_to_metric_families(text)
+    }
 
 
 def histogram_buckets(text: str) -> dict[str, list[str]]:
     """Each histogram's ``le`` values, as printed and in the order printed."""
-    found: dict[str, list[str]] = {}
-    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
-        if kind == "histogram":
-            pattern = rf'^{re.escape(name)}_bucket\{{[^}}]*\ble="([^"]*)"'
-            found[name] = re.findall(pattern, text, re.M)
-    return found
+    return {
+        family.name: [s.labels["le"] for s in family.samples if s.name == f"{family.name}_bucket"]
+        for family in text_string_to_metric_families(text)
+        if family.type == "histogram"
+    }
 
 
 def test_metrics_the_stand_in_exports_are_the_engines(both):

@@ -1,6 +1,6 @@
 """`python -m flows.bootstrap gcp` on the Prefect side: credentials, target, work pool, worker image.
 
-The README's process-pool path (deploy included) is tests/e2e/test_walkthrough.py; here are the other routes:
+docs/using.md's process-pool path (deploy included) is tests/e2e/test_walkthrough.py; here are the other routes:
 a Cloud Run pool whose worker image Cloud Build makes from ./Dockerfile, a key file instead of ADC, and the
 refusals, each naming the option to fix.
 """

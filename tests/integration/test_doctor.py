@@ -15,6 +15,7 @@ from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from flows.doctor import doctor, main
 from tasks.checks import doctor as checks
+from tasks.checks.quotas import QuotaExceeded, check_region_quotas
 from tasks.common import clients
 from tasks.common.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
 from tests.support.sandbox_config import sandbox_settings
@@ -33,6 +34,11 @@ def target(sandbox_target) -> GcpTarget:
 
 def by_name(rows: list[checks.Check]) -> dict[str, checks.Check]:
     return {row.name: row for row in rows}
+
+
+def gpu_row(target: GcpTarget, profile: ServingProfile) -> checks.Check:
+    """doctor's GPU quota row for ``profile`` (one of check_quotas' rows)."""
+    return by_name(checks.check_quotas(target, profile))["GPU quota"]
 
 
 def all_checks(target: GcpTarget, profile: ServingProfile = L4) -> dict[str, checks.Check]:
@@ -112,11 +118,16 @@ def test_a_project_that_does_not_exist_fails_project_access_naming_the_id_and_ro
 
 def test_a_denied_read_names_the_permission_and_role_without_googles_request_line(sb, target):
     with sb.caller_roles(["roles/run.admin"]):
-        quota = checks.check_gpu_quota(target, L4)
+        quota = gpu_row(target, L4)
         bucket = checks.check_bucket(target)
         subnet = checks.check_subnet(target)
-    assert quota.detail == (
+    assert quota.line == (
         "cannot read: missing permission serviceusage.quotas.get; grant roles/serviceusage.serviceUsageViewer"
+    )
+    # The whole detail (the artifact) also says what promote-model and scale-service judge by until it can be read.
+    assert quota.detail.endswith(
+        "Until it can be read, promote-model and scale-service judge by 3 GPUs (a new project's default, assumed; "
+        "give the project's quota in gpu_quota)."
     )
     # Storage refuses a bucket it will not name as foreign or ours: the caller's missing project role decides.
     assert bucket.detail == "cannot read: missing permission storage.buckets.get; grant roles/storage.admin"
@@ -138,7 +149,7 @@ def test_google_text_keeps_the_first_sentence_without_the_request_line():
 def test_gpu_quota_below_max_instances_fails_with_the_quota_to_request(sb, target):
     three = L4.model_copy(update={"max_instances": 3})
     with sandbox_settings(sb, gpu_quota={"nvidia-l4": 1, "nvidia-rtx-pro-6000": 1}):
-        row = checks.check_gpu_quota(target, three)
+        row = gpu_row(target, three)
     assert row.status == "fail"
     assert (
         "NvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion (run.googleapis.com/nvidia_l4_gpu_allocation_no_zonal_"
@@ -148,7 +159,33 @@ def test_gpu_quota_below_max_instances_fails_with_the_quota_to_request(sb, targe
     assert "request NvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion of 3 GPU" in row.fix
     assert "at https://console.cloud.google.com/iam-admin/quotas?project=sandbox-project" in row.fix
     assert "or set the profile's max_instances to 1" in row.fix
-    assert checks.check_gpu_quota(target, three).status == "ok"  # default quota: 3
+    assert gpu_row(target, three).status == "ok"  # the sandbox's Service Usage reports 3 again
+
+
+def test_the_profiles_gpu_quota_counts_only_where_service_usage_cannot_be_read(sb, target):
+    """One GPU quota figure for doctor and preflight (tasks/checks/quotas.py): Google's when it can be read, whatever
+    the profile says; unread, the profile's gpu_quota, else a new project's default, assumed, and said so."""
+    stale = L4.model_copy(update={"max_instances": 3, "gpu_quota": 1})  # a figure the project has outgrown
+    read = gpu_row(target, stale)
+    assert read.status == "ok" and "the project has 3." in read.detail
+    assert "The profile's gpu_quota (1) is not used: the quota read from Google decides" in read.detail
+    assert [n.limit for n in check_region_quotas(target, stale) if n.quota.unit == "GPU"] == [3]
+
+    four = L4.model_copy(update={"max_instances": 4})
+    stated = four.model_copy(update={"gpu_quota": 6})
+    with sb.caller_roles(["roles/run.admin"]):  # no serviceusage.quotas.get
+        assumed_row, stated_row = gpu_row(target, four), gpu_row(target, stated)
+        with pytest.raises(QuotaExceeded) as refused:
+            check_region_quotas(target, four)
+        needs = check_region_quotas(target, stated)
+    assert assumed_row.status == "fail" and "judge by 3 GPUs (a new project's default, assumed" in assumed_row.detail
+    assert (
+        "the project has 3 (a new project's default, assumed; give the project's quota in gpu_quota: Service Usage "
+        "could not be read)" in str(refused.value)
+    )
+    assert "or set max_instances to 3 or fewer" in str(refused.value)
+    assert stated_row.detail.endswith("judge by 6 GPUs (as gpu_quota gives it).")
+    assert [(n.limit, n.fits) for n in needs if n.quota.unit == "GPU"] == [(6, True)]
 
 
 # A new project's Cloud Run quotas in us-central1: 20 vCPU, 40 GiB (googlecodelabs/feedback#1856, #2311) and one RTX
@@ -160,7 +197,7 @@ def test_on_a_new_projects_quotas_the_rtx_profile_fails_on_memory_and_reads_its_
     rtx = ServingProfile.preset("rtx-pro-6000")
     with sandbox_settings(sb, **GOOGLE_DEFAULTS):
         rows = by_name(checks.check_quotas(target, rtx))
-        two = checks.check_gpu_quota(target, rtx.model_copy(update={"max_instances": 2}))
+        two = gpu_row(target, rtx.model_copy(update={"max_instances": 2}))
     assert rows["CPU quota"].status == "ok"  # 20 vCPU: exactly one instance
     memory = rows["Memory quota"]
     assert memory.status == "fail"
@@ -316,7 +353,7 @@ def test_build_identity_is_checked_once_it_exists(sb, target, tmp_path):
 def test_service_usage_itself_disabled_is_named_by_the_checks_that_read_through_it(sb, target):
     with sandbox_settings(sb, disabled_apis=["serviceusage.googleapis.com"]):
         apis = checks.check_apis(target, L4)
-        quota = checks.check_gpu_quota(target, L4)
+        quota = gpu_row(target, L4)
         memory = by_name(checks.check_quotas(target, L4))["Memory quota"]
     assert (
         memory.status == "fail"

@@ -43,7 +43,7 @@ FAILING = [
     "bucket location",
 ]
 PASSING = ["serving account writes metrics", "GPU offered in region", "build identity"]
-# Seeing the project first, then doctor's own read roles, then the deployer's (the README table's order).
+# Seeing the project first, then doctor's own read roles, then the deployer's (docs/first-run.md's table order).
 GRANTS = [
     "roles/browser",
     "roles/serviceusage.serviceUsageViewer",

@@ -1,10 +1,16 @@
-"""Deploy, verify and promote on the sandbox: a new revision takes traffic only after proving itself."""
+"""Deploy, verify and promote on the sandbox, through promote-model's own steps (flows/promote._promote with the
+zero-downtime rollout, no canary and no watch): a new revision takes traffic only after proving itself.
+
+Failing candidates of a service that already serves, through the whole flow: tests/reliability/test_faults_traffic.py;
+load modes through the whole flow: tests/e2e/test_image_strategies.py.
+"""
 
 from __future__ import annotations
 
 import itertools
 import threading
 import time
+from typing import NamedTuple
 
 import httpx
 import pytest
@@ -16,15 +22,26 @@ from blocks import GcpTarget, ModelSource, ServingProfile
 from tasks.common import clients
 from tasks.common.gcp import InfraError
 from tasks.common.naming import CANDIDATE_TAG
-from tasks.deploy.cloudrun import DeployFailed, PromotionFailed, roll_out, rollback, service_path
-from tasks.deploy.probe import VerifyOptions
+from tasks.deploy.cloudrun import (
+    Candidate,
+    DeployFailed,
+    abandon_candidate,
+    check_candidate_verdict,
+    deploy_when_startable,
+    promote_candidate,
+    rollback,
+    service_path,
+    verify_candidate,
+)
+from tasks.deploy.probe import Verification, VerificationFailed, VerifyOptions
 from tasks.deploy.render import Weights, render_service, revision_name
 from tasks.infra import access, ensure
 from tasks.weights.staging import StagingResult, stage_model
 from tests.support.identity import bearer
 
 _ids = itertools.count()
-CHAT = {"model": "rollout/model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+MODEL = "rollout/model"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 FAST = VerifyOptions(health_period_s=0.05, health_window_s=30)
 
 
@@ -38,11 +55,11 @@ def env(sandbox, sandbox_target):
     for step in (ensure.ensure_bucket, ensure.ensure_network, ensure.ensure_subnet, ensure.ensure_service_account,
                  access.grant_bucket_object_viewer):  # fmt: skip
         step(target)
-    sandbox.hub("POST", "/repos", json={"repo_id": "rollout/model", "weight_bytes": 2_000_000, "replace": True})
-    source = ModelSource(repo_id="rollout/model", hub_endpoint=sandbox.hub_url)
+    sandbox.hub("POST", "/repos", json={"repo_id": MODEL, "weight_bytes": 2_000_000, "replace": True})
+    source = ModelSource(repo_id=MODEL, hub_endpoint=sandbox.hub_url)
     token = SecretStr(sandbox.hub_token)
     old = stage_model(target, source, token)
-    sandbox.hub("POST", "/repos/rollout/model/commits", json={"regenerate_weights": 7, "message": "new weights"})
+    sandbox.hub("POST", f"/repos/{MODEL}/commits", json={"regenerate_weights": 7, "message": "new weights"})
     new = stage_model(target, source, token)
     assert old.commit != new.commit
     return {"target": target, "source": source, "old": old, "new": new}
@@ -59,8 +76,36 @@ def spec(env, staged: StagingResult, service_id: str, profile: ServingProfile | 
     return render_service(profile, env["target"], env["source"], w, image, revision_name(service_id, w, image, profile))
 
 
-def promote(env, staged, service_id, profile=None):
-    return roll_out(env["target"], service_id, spec(env, staged, service_id, profile), "rollout/model", FAST)
+class Promoted(NamedTuple):
+    candidate: Candidate
+    verification: Verification | None  # None: the candidate already served all traffic (nothing verified)
+
+
+def deploy(env, staged: StagingResult, service_id: str, profile: ServingProfile | None = None) -> Candidate:
+    """promote-model's "deploy candidate" step: the verdicts checked, then the revision deployed at 0 % under its
+    `candidate` tag (the functions of run_check_candidate_verdict and run_deploy_candidate)."""
+    wanted = spec(env, staged, service_id, profile)
+    check_candidate_verdict(env["target"], service_id, wanted.template.revision, False)
+    return deploy_when_startable(env["target"], service_id, wanted)
+
+
+def verify_then_promote(env, service_id: str, candidate: Candidate, options: VerifyOptions = FAST) -> Promoted:
+    """promote-model's "verify" step, and delivery's "promote" without canary or watch: the candidate verified at its
+    tag URL, then given all traffic; one that fails verification is abandoned (traffic as before, or no service on a
+    first deploy) and the failure raised, as the flow does."""
+    if candidate.unchanged:
+        return Promoted(candidate, None)
+    try:
+        verification = verify_candidate(env["target"], candidate, MODEL, options)
+    except Exception:
+        abandon_candidate(env["target"], service_id, candidate)
+        raise
+    promote_candidate(env["target"], service_id, candidate)
+    return Promoted(candidate, verification)
+
+
+def promote(env, staged, service_id, profile=None, options: VerifyOptions = FAST) -> Promoted:
+    return verify_then_promote(env, service_id, deploy(env, staged, service_id, profile), options)
 
 
 def serving(env, service_id) -> list[tuple[str, int, str]]:
@@ -68,8 +113,9 @@ def serving(env, service_id) -> list[tuple[str, int, str]]:
     return [(s.revision, s.percent, s.tag) for s in service.traffic_statuses]
 
 
-def revision_serving(url: str) -> str:
-    response = httpx.post(f"{url}/v1/chat/completions", headers=bearer(url), timeout=30, json=CHAT)
+def revision_serving(url: str, audience: str | None = None) -> str:
+    """The revision that answers a chat at ``url``; ``audience``: the service URL, when ``url`` is a tag URL."""
+    response = httpx.post(f"{url}/v1/chat/completions", headers=bearer(audience or url), timeout=30, json=CHAT)
     response.raise_for_status()
     return response.headers["x-sandbox-revision"]
 
@@ -81,17 +127,23 @@ def service_id() -> str:
 
 def test_first_deploy_verifies_then_serves_all_traffic(env, service_id):
     result = promote(env, env["old"], service_id)
-    assert result.first_deploy and not result.unchanged
-    assert result.verification is not None and result.verification.served_models == ["rollout/model"]
+    candidate = result.candidate
+    assert candidate.first_deploy and not candidate.unchanged
+    assert result.verification is not None and result.verification.served_models == [MODEL]
     assert result.verification.usage["completion_tokens"] > 0
-    assert serving(env, service_id) == [(result.revision, 100, "")]  # the candidate tag is gone
-    assert revision_serving(result.service_url) == result.revision
+    assert serving(env, service_id) == [(candidate.revision, 100, "")]  # the candidate tag is gone
+    assert revision_serving(candidate.service_url) == candidate.revision
 
 
-def test_new_weights_are_promoted_and_the_old_revision_kept_for_rollback(env, service_id):
-    first = promote(env, env["old"], service_id)
-    second = promote(env, env["new"], service_id)
-    assert second.revision != first.revision and second.previous_revision == first.revision
+def test_new_weights_wait_at_no_traffic_then_are_promoted_and_the_old_revision_kept_for_rollback(env, service_id):
+    first = promote(env, env["old"], service_id).candidate
+    candidate = deploy(env, env["new"], service_id)
+    # Deployed, not yet verified: reachable only at its tag URL, with no traffic; the service answers as before.
+    assert candidate.revision != first.revision and candidate.previous_revision == first.revision
+    assert serving(env, service_id) == [(first.revision, 100, ""), (candidate.revision, 0, CANDIDATE_TAG)]
+    assert revision_serving(first.service_url) == first.revision
+    assert revision_serving(candidate.url, candidate.service_url) == candidate.revision
+    second = verify_then_promote(env, service_id, candidate).candidate
     assert serving(env, service_id) == [(second.revision, 100, "")]
     assert second.revision.startswith(f"{service_id}-{env['new'].commit[:7]}-")
     back = rollback(env["target"], service_id)
@@ -105,10 +157,10 @@ def test_new_weights_are_promoted_and_the_old_revision_kept_for_rollback(env, se
 
 
 def test_promoting_the_same_inputs_again_changes_nothing(sb, env, service_id):
-    first = promote(env, env["old"], service_id)
+    first = promote(env, env["old"], service_id).candidate
     since = sb.last_request_seq()
     second = promote(env, env["old"], service_id)
-    assert second.unchanged and second.revision == first.revision
+    assert second.candidate.unchanged and second.candidate.revision == first.revision and second.verification is None
     writes = [r for r in sb.requests("control", since=since) if r["method"] in ("POST", "PATCH", "PUT", "DELETE")]
     assert writes == []
 
@@ -116,28 +168,12 @@ def test_promoting_the_same_inputs_again_changes_nothing(sb, env, service_id):
 @pytest.mark.parametrize(
     ("faults", "error", "expected"),
     [
-        ({"engine_dead_after_requests": 0}, DeployFailed, "failed the configured startup probe checks"),
-        ({"crash_at_start": "CUDA error: out of memory"}, DeployFailed, "RuntimeError: CUDA error: out of memory"),
-        ({"served_model_name": "someone/else"}, PromotionFailed, "lists ['someone/else'] but not 'rollout/model'"),
-        ({"completions_status": 500}, PromotionFailed, "chat completion answered HTTP 500"),
-    ],
-    ids=["never-healthy", "crash-at-start", "wrong-model-name", "completions-500"],
-)
-def test_a_failing_candidate_leaves_traffic_where_it_was(sb, env, service_id, faults, error, expected):
-    first = promote(env, env["old"], service_id)
-    sb.run("POST", "/faults", json={"service": service_id, "faults": faults})
-    with pytest.raises(error) as caught:
-        promote(env, env["new"], service_id)
-    assert expected in str(caught.value)
-    assert serving(env, service_id) == [(first.revision, 100, "")]  # no candidate tag left behind either
-    assert revision_serving(first.service_url) == first.revision
-
-
-@pytest.mark.parametrize(
-    ("faults", "error", "expected"),
-    [
-        ({"crash_at_start": "CUDA error: out of memory"}, DeployFailed, "RuntimeError: CUDA error: out of memory"),
-        ({"completions_status": 500}, PromotionFailed, "chat completion answered HTTP 500"),
+        (
+            {"crash_at_start": "CUDA error: out of memory"},
+            DeployFailed,
+            ["RuntimeError: CUDA error: out of memory", "nothing was serving before; the service was removed"],
+        ),
+        ({"completions_status": 500}, VerificationFailed, ["chat completion answered HTTP 500"]),
     ],
     ids=["crash-at-start", "completions-500"],
 )
@@ -146,12 +182,12 @@ def test_a_failing_first_deploy_leaves_no_service_and_the_rerun_starts_clean(sb,
     sb.run("POST", "/faults", json={"service": service_id, "faults": faults})
     with pytest.raises(error) as caught:
         promote(env, env["old"], service_id)
-    assert expected in str(caught.value) and "nothing was serving before; the service was removed" in str(caught.value)
+    assert all(text in str(caught.value) for text in expected), str(caught.value)
     with pytest.raises(NotFound):  # no unverified revision serves, and no candidate tag is left behind
         serving(env, service_id)
     again = promote(env, env["old"], service_id)
-    assert again.first_deploy and again.verification is not None
-    assert serving(env, service_id) == [(again.revision, 100, "")]
+    assert again.candidate.first_deploy and again.verification is not None
+    assert serving(env, service_id) == [(again.candidate.revision, 100, "")]
 
 
 def test_crash_reports_carry_the_container_log(sb, env, service_id):
@@ -164,7 +200,7 @@ def test_crash_reports_carry_the_container_log(sb, env, service_id):
 
 
 def test_a_client_calling_the_service_throughout_a_promotion_sees_no_failure(env, service_id):
-    first = promote(env, env["old"], service_id)
+    first = promote(env, env["old"], service_id).candidate
     stop = threading.Event()
     seen: list[str] = []
     failures: list[str] = []
@@ -185,7 +221,7 @@ def test_a_client_calling_the_service_throughout_a_promotion_sees_no_failure(env
     for worker in workers:
         worker.start()
     try:
-        second = promote(env, env["new"], service_id)
+        second = promote(env, env["new"], service_id).candidate
         limit = time.monotonic() + 30  # keep calling until the new revision has served a while too
         while seen.count(second.revision) < 10 and time.monotonic() < limit:
             time.sleep(0.05)
@@ -207,26 +243,14 @@ def test_the_candidate_is_called_with_an_identity_token(sb, env, service_id):
 
 
 def test_load_test_figures_and_the_slo_gate(env, service_id):
-    first = promote(env, env["old"], service_id)
-    measured = roll_out(
-        env["target"], service_id, spec(env, env["new"], service_id), "rollout/model",
-        FAST.model_copy(update={"load_requests": 8, "load_concurrency": 4}),
-    )  # fmt: skip
-    figures = measured.verification
+    first = promote(env, env["old"], service_id).candidate
+    loaded = FAST.model_copy(update={"load_requests": 8, "load_concurrency": 4})
+    figures = promote(env, env["new"], service_id, options=loaded).verification
     assert figures is not None and figures.requests == 8
     assert 0 < figures.p50_ms <= figures.p95_ms and figures.tokens_per_s > 0
     rollback(env["target"], service_id, to_revision=first.revision)
     strict = FAST.model_copy(update={"load_requests": 4, "slo_min_tokens_per_s": 10**9})
-    other = spec(env, env["new"], service_id, ServingProfile.preset("l4", max_instances=2))
-    with pytest.raises(PromotionFailed, match=r"throughput .* tokens/s is below the SLO"):
-        roll_out(env["target"], service_id, other, "rollout/model", strict)
+    other = ServingProfile.preset("l4", max_instances=2)  # another revision: the one rolled back from is refused
+    with pytest.raises(VerificationFailed, match=r"throughput .* tokens/s is below the SLO"):
+        promote(env, env["new"], service_id, other, strict)
     assert serving(env, service_id) == [(first.revision, 100, "")]
-
-
-def test_weights_streamed_from_gs_with_the_runai_streamer(env, service_id):
-    result = promote(env, env["old"], service_id, ServingProfile.preset("l4", load_mode="runai-streamer"))
-    assert result.verification is not None and result.verification.served_models == ["rollout/model"]
-    revision = clients.run_revisions(env["target"]).get_revision(
-        name=f"{service_path(env['target'], service_id)}/revisions/{result.revision}"
-    )
-    assert list(revision.volumes) == [] and list(revision.containers[0].args)[2].startswith("gs://rollout-weights/")

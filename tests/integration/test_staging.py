@@ -21,15 +21,15 @@ from blocks import GcpTarget, ModelSource
 from sandbox.config import SANDBOX_HF_TOKEN_NO_ACCESS
 from sandbox.serving import free_port
 from tasks.common import clients
-from tasks.weights.hub import (
+from tasks.weights.hub_errors import (
     ChecksumMismatch,
     HubAccessDenied,
     HubNotFound,
     HubRateLimitExhausted,
-    HubRetryPolicy,
     HubUnavailable,
     HubUnreachable,
 )
+from tasks.weights.hub_retry import HubRetryPolicy
 from tasks.weights.staging import MANIFEST, StagingError, StagingOptions, stage_model
 
 _ids = itertools.count()

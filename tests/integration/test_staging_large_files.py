@@ -15,7 +15,8 @@ from pydantic import SecretStr
 
 from blocks import GcpTarget, ModelSource
 from tasks.common import clients
-from tasks.weights.hub import ChecksumMismatch, HubRetryPolicy
+from tasks.weights.hub_errors import ChecksumMismatch
+from tasks.weights.hub_retry import HubRetryPolicy
 from tasks.weights.staging import MANIFEST, SIMPLE_UPLOAD_LIMIT, StagingOptions, stage_model
 
 _ids = itertools.count()

@@ -12,6 +12,7 @@ asserted are computed from those constants, never measured against a wall clock.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -20,12 +21,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from sandbox.vllm.timing import DECODE_TOKENS_PER_S, REQUEST_OVERHEAD_S
-from tests.integration import test_vllm_standin as standin
-from tests.integration.test_vllm_standin import MODEL_PATH, Instance, Launcher, serve
+from tests.support import vllm_standin as standin
+from tests.support.vllm_standin import MODEL_PATH, Instance, Launcher, serve
 
-# The stand-in launcher and a model root, shared with the stand-in's own tests.
+# The stand-in launcher and a model root at /models/tiny (tests/support/vllm_standin.py).
 launch = standin.launch
 root = standin.root
 
@@ -76,31 +79,32 @@ def scrape(inst: Instance) -> str:
     return response.text
 
 
-def label_text(labels: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
+@functools.lru_cache(maxsize=4)  # a test looks up many samples in one scrape
+def samples(text: str) -> tuple[Sample, ...]:
+    """Every sample, read by prometheus_client's parser (the library that printed it). Sample names stay as printed
+    for the engine's counters, whose TYPE names end in ``_total``. The format itself is checked on the text
+    (test_families_print_as_the_engine_prints_them), which the parser would forgive."""
+    return tuple(s for family in text_string_to_metric_families(text) for s in family.samples)
 
 
 def sample(text: str, name: str, **labels: str) -> float:
-    """A sample's value, looked up by its line as the engine prints it (vllm: families carry engine and model_name,
-    and every label set prints sorted)."""
+    """A sample's value by name and labels (vllm: families carry engine and model_name)."""
     if name.startswith("vllm:"):
         labels = {"engine": "0", "model_name": NAME, **labels}
-    prefix = name + label_text(labels) + " "
-    values = [float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)]
-    assert len(values) == 1, (prefix, values)
-    return values[0]
+    values = [s.value for s in samples(text) if s.name == name and s.labels == labels]
+    assert len(values) == 1, (name, labels, values)
+    return float(values[0])
 
 
 def has_sample(text: str, name: str) -> bool:
-    return any(line.startswith((name + "{", name + " ")) for line in text.splitlines())
+    return any(s.name == name for s in samples(text))
 
 
 def buckets(text: str, family: str) -> dict[str, float]:
-    """A histogram's cumulative counts by ``le``, in the order printed."""
-    found = re.findall(
-        rf'^{re.escape(family)}_bucket\{{engine="0",le="([^"]+)",model_name="{NAME}"\}} (\S+)$', text, re.M
-    )
-    return {le: float(value) for le, value in found}
+    """A histogram's cumulative counts by ``le`` as printed, in the order printed."""
+    labels = {"engine": "0", "model_name": NAME}
+    found = [s for s in samples(text) if s.name == f"{family}_bucket"]
+    return {s.labels["le"]: float(s.value) for s in found if {k: v for k, v in s.labels.items() if k != "le"} == labels}
 
 
 def count_and_sum(text: str, family: str) -> tuple[float, float]:
@@ -202,16 +206,23 @@ def test_http_requests_count_the_api_routes_by_status_group(launch: Launcher, ro
     assert post(inst, chat_body(5000)).status_code == 400
     assert httpx.get(f"{inst.url}/v1/nothing-here", timeout=TIMEOUT_S).status_code == 404
     text = scrape(inst)
-    counted = {labels: float(value) for labels, value in re.findall(r"^http_requests_total\{(.*)\} (\S+)$", text, re.M)}
-    assert counted == {
-        'handler="/v1/models",method="GET",status="2xx"': 1.0,
-        'handler="/v1/chat/completions",method="POST",status="2xx"': 1.0,
-        'handler="/v1/chat/completions",method="POST",status="4xx"': 2.0,
-        'handler="none",method="GET",status="4xx"': 1.0,
+    found = samples(text)
+    counted = {
+        (s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+        for s in found
+        if s.name == "http_requests_total"
     }
-    created = re.findall(r"^http_requests_created\{(.*)\} (\S+)$", text, re.M)
-    assert [labels for labels, _ in created] == list(counted)
-    assert all(CREATED.fullmatch(value) for _, value in created)
+    assert counted == {
+        ("/v1/models", "GET", "2xx"): 1.0,
+        ("/v1/chat/completions", "POST", "2xx"): 1.0,
+        ("/v1/chat/completions", "POST", "4xx"): 2.0,
+        ("none", "GET", "4xx"): 1.0,
+    }
+    assert 'http_requests_total{handler="none",method="GET",status="4xx"} 1.0' in text.splitlines()  # labels sorted
+    # One _created child per counted label set, in the same order, stamped with the unix time it was created.
+    created = [s for s in found if s.name == "http_requests_created"]
+    assert [s.labels for s in created] == [s.labels for s in found if s.name == "http_requests_total"]
+    assert all(time.time() - 3600 < s.value <= time.time() for s in created)
     # A request refused in the frontend reaches no engine: nothing but http_requests_total moved.
     assert sample(text, "vllm:time_to_first_token_seconds_count") == 1.0
     assert sample(text, "vllm:request_success_total", finished_reason="length") == 1.0

@@ -17,10 +17,10 @@ import httpx
 from pydantic import SecretStr
 
 from tasks.deploy.probe import VerifyOptions, verify
-from tests.integration import test_vllm_standin as standin
-from tests.integration.test_vllm_standin import MODEL_PATH, Launcher, chat, serve
+from tests.support import vllm_standin as standin
+from tests.support.vllm_standin import MODEL_PATH, Launcher, chat, serve
 
-# The stand-in launcher and a model root, shared with the stand-in's own tests.
+# The stand-in launcher and a model root at /models/tiny (tests/support/vllm_standin.py).
 launch = standin.launch
 root = standin.root
 

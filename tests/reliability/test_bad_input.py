@@ -9,104 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import BlockDocumentUpdate
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-from prefect.client.schemas.sorting import ArtifactSort
 
 from blocks import GcpTarget, ImageBuild, ServingProfile, VllmOptions
-from flows.promote import promote_model
 from flows.scale import scale_service
 from flows.teardown import teardown
 from tasks.common import clients
-from tasks.deploy.probe import VerifyOptions
 from tasks.deploy.render import CPU_PROBE_LIMIT_S, GPU_PROBE_LIMIT_S, PROBE_PERIOD_S
-from tests.support.delivery import NO_WATCH
+from tests.support.artifacts import artifact
+from tests.support.bad_input import (
+    cloud_writes,
+    fails_cleanly,
+    new_repo,
+    new_service,
+    promote,
+    saved_profile,
+    saved_target,
+)
 
 pytestmark = pytest.mark.prefect
-FAST = VerifyOptions(health_period_s=0.05)
-WRITES = {"POST", "PUT", "PATCH", "DELETE"}
-CLOUD = {"control", "gcs"}
-ROOT = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
-
-
-# Helpers ------------------------------------------------------------------------------------------------------
-def cloud_writes(sb, since: int) -> list[str]:
-    return [
-        f"{r['server']} {r['method']} {r['path']}"
-        for r in sb.requests(since=since)
-        if r["method"] in WRITES and r["server"] in CLOUD
-    ]
-
-
-def failure(call: Callable[[], object]) -> str:
-    """The message of the error ``call`` raises; an AssertionError when it is accepted."""
-    try:
-        call()
-    except Exception as exc:  # any error type: its message is what is judged
-        return str(exc)
-    raise AssertionError("the bad input was accepted without an error")
-
-
-def fails_cleanly(sb, call: Callable[[], object], field: str, fix: str) -> str:
-    """``call`` fails with a message naming ``field`` and saying ``fix``, before any cloud write."""
-    since = sb.last_request_seq()
-    message = failure(call)
-    assert field in message, f"the message does not name {field!r}: {message}"
-    assert fix in message, f"the message does not say what to do ({fix!r}): {message}"
-    assert cloud_writes(sb, since) == [], f"cloud writes before the error: {cloud_writes(sb, since)}"
-    return message
-
-
-def new_service() -> str:
-    return f"bi-{next(_ids)}"
-
-
-def promote(**kwargs):
-    """promote-model as a user starts it, with one service per call."""
-    params = {
-        "model": "sandbox/tiny-chat",
-        "service": new_service(),
-        "token_secret_block": "sandbox-hf-token",
-        "verify": FAST,
-        "watch": NO_WATCH,
-        **kwargs,
-    }
-    return promote_model(**params)
-
-
-def saved_profile(name: str, preset: str = "l4", **overrides) -> str:
-    ServingProfile.preset(preset, **overrides).save(name, overwrite=True)
-    return name
-
-
-def saved_target(flow_env: GcpTarget, name: str, **changes) -> str:
-    GcpTarget.model_validate({**flow_env.model_dump(), **changes}).save(name, overwrite=True)
-    return name
-
-
-def artifact(key: str) -> str:
-    async def read():
-        async with get_client() as client:
-            found = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC
-            )
-        return found[0].data if found else ""
-
-    return asyncio.run(read())
-
-
-def new_repo(sb, name: str) -> str:
-    """A small public repo of our own, so staging it always has something to upload."""
-    repo_id = f"badinput/{name}-{next(_ids)}"
-    spec = {"weight_bytes": 200_000, "shards": 1, "include_bin_duplicate": False, "include_original": False}
-    sb.hub("POST", "/repos", json={"repo_id": repo_id, **spec})
-    return repo_id
 
 
 # promote-model parameters -------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.test_bad_input import fails_cleanly, promote
+from tests.support.bad_input import fails_cleanly, promote
 
 pytestmark = pytest.mark.prefect
 

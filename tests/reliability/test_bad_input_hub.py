@@ -20,7 +20,7 @@ from google.cloud import storage as gcs
 from huggingface_hub import hf_hub_download
 
 from tasks.common import clients
-from tests.reliability.test_bad_input import fails_cleanly, new_repo, promote
+from tests.support.bad_input import fails_cleanly, new_repo, promote
 
 pytestmark = pytest.mark.prefect
 GGUF = base64.b64encode(b"GGUF" + bytes(60)).decode()

@@ -19,7 +19,7 @@ from tasks.common import clients
 from tasks.common.naming import repository_host
 from tasks.common.permissions import DEPLOYER_ROLES
 from tasks.infra import ensure
-from tests.reliability.test_bad_input import CLOUD, fails_cleanly, promote
+from tests.support.bad_input import CLOUD, fails_cleanly, promote
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()
@@ -74,8 +74,9 @@ def test_teardown_deletes_the_artifact_repository_only_when_asked(sb, own_regist
 
 
 def test_the_readme_roles_delete_the_repository_and_repo_admin_falls_short(sb, own_registry):
-    """The README's deployer roles hold artifactregistry.repositories.delete (Artifact Registry Administrator); the
-    narrower Repository Administrator does not, and the teardown says which permission and role are missing."""
+    """The deployer roles (docs/first-run.md) hold artifactregistry.repositories.delete (Artifact Registry
+    Administrator); the narrower Repository Administrator does not, and the teardown says which permission and role
+    are missing."""
     name, gcp = own_registry
     roles = [need.role for need in DEPLOYER_ROLES]
     service = f"td-none-{next(_ids)}"

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.reliability.test_bad_input import fails_cleanly, new_repo, promote, saved_profile
+from tests.support.bad_input import fails_cleanly, new_repo, promote, saved_profile
 
 pytestmark = pytest.mark.prefect
 _profiles = itertools.count()
@@ -90,7 +90,7 @@ def test_max_model_len_within_the_rope_scaled_context_passes_preflight(sb, flow_
             "fix the file",
             id="rope-factor",
         ),
-        # Refused when the Hub listing is read (tasks/weights/hub.py read_json_file), before the vLLM rules see it.
+        # Refused when the Hub listing is read (tasks/weights/hub_download.py), before the vLLM rules see it.
         pytest.param(["not", "a", "config"], "config.json", "is not a JSON object", id="not-an-object"),
     ],
 )

@@ -9,15 +9,19 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.client.schemas.sorting import ArtifactSort
 
 
-def report_artifact(service: str) -> str:
-    """The markdown of the newest promotion report artifact of ``service`` ("" when there is none)."""
+def artifact(key: str) -> str:
+    """The data of the newest artifact with ``key`` ("" when there is none)."""
 
     async def read() -> str:
         async with get_client() as client:
             found = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"promotion-{service}"])),
-                sort=ArtifactSort.CREATED_DESC,
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC
             )
         return found[0].data if found else ""
 
     return asyncio.run(read())
+
+
+def report_artifact(service: str) -> str:
+    """The markdown of the newest promotion report artifact of ``service`` ("" when there is none)."""
+    return artifact(f"promotion-{service}")

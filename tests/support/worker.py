@@ -1,4 +1,4 @@
-"""A project set up for prefect-gcp's cloud-run-v2 worker against a sandbox, the way the README tells a team to.
+"""A project set up for prefect-gcp's cloud-run-v2 worker against a sandbox, the way docs/production.md tells a team to.
 
 1. The runner account (`gcloud iam service-accounts create pipeline-runner`) and a key of it
    (`gcloud iam service-accounts keys create`: IAM's keys.create, so its token_uri is the token endpoint the sandbox
@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ class Pipeline:
 
 
 def runner_roles() -> tuple[str, ...]:
-    """The deployer roles bootstrap prints grant commands for (README, "Roles the deployer needs")."""
+    """The deployer roles bootstrap prints grant commands for (docs/first-run.md, "Roles the deployer needs")."""
     return tuple(need.role for need in DEPLOYER_ROLES if not need.when.startswith("doctor"))
 
 
@@ -89,3 +90,19 @@ for key in ("metrics_sample_seconds", "metrics_delay_seconds", "operation_poll_s
     setattr(target, key, sandbox[key])
 target.save({TARGET_BLOCK!r}, overwrite=True)
 """
+
+
+# What the worker tests print and wait for: a host running a worker, a Cloud Run job and a Prefect server may be busy.
+def dump(value: object) -> str:
+    return json.dumps(value, indent=1, default=str)[-6000:]
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 1.0):
+    """Poll ``predicate`` until it returns something truthy; generous timeouts, the host may be busy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(interval)
+    raise TimeoutError(f"{what}: not within {timeout} s")

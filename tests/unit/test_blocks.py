@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from blocks import GcpTarget, ModelSource, ServingProfile
-from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
+from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
 
 
 def error_text(model, **values) -> str:
@@ -23,7 +23,7 @@ def test_l4_preset_is_seed_000s_working_deploy():
     assert profile.vllm.enforce_eager is True
     assert profile.container_port == 8080
     assert profile.effective_concurrency == 2 * profile.vllm.max_num_seqs
-    assert profile.max_instances <= profile.gpu_quota
+    assert profile.max_instances <= GPUS["nvidia-l4"].default_quota  # fits a new project's GPU quota
     assert round(profile.hourly_usd, 2) == 1.42  # FACTS.md: L4 + 8 vCPU + 32 GiB is about $1.42/h
 
 

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from blocks.profile import PRESETS, ServingProfile
-from flows.common import ModelSpec
+from flows.common import ModelSpec, validated
 from tasks.checks.preflight import check_candidate_quota
 from tasks.deploy.traffic import canary_split
 from tasks.report.report import PromotionReport
@@ -63,7 +63,30 @@ def test_verdicts() -> None:
     assert judge(traffic(99, 1), watch)[0] == "held"
     verdict, reason = judge(traffic(100, 0, latency_ms=2000), watch)
     assert verdict == "breached" and "above max_p95_ms 1,000 ms" in reason
-    assert judge(traffic(100, 0, latency_ms=2000), WatchOptions(max_p95_ms=None))[0] == "held"
+
+
+def test_an_empty_max_p95_ms_is_the_60_s_default_and_off_is_said_as_off() -> None:
+    """Empty once meant "not judged": now it is the default, and only "off" turns the judgement off."""
+    slow = traffic(100, 0, latency_ms=61_000)  # p95 above the 60 s default
+    verdict, reason = judge(slow, WatchOptions(max_p95_ms=None))
+    assert verdict == "breached" and "above max_p95_ms 60,000 ms" in reason
+    assert judge(slow, WatchOptions())[0] == "breached"
+    assert judge(traffic(100, 0, latency_ms=40_000), WatchOptions(max_p95_ms=None))[0] == "held"
+    assert judge(slow, WatchOptions(max_p95_ms="off")) == ("held", "100 requests, 0 5xx, request p95 "
+                                                           f"{slow.p95_ms:,.0f} ms: within the SLO")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [(0, "0 could mean off"), ("0", "0 could mean off"), (False, "neither a limit"), ("none", "neither a limit"),
+     ("OFF", "neither a limit"), (-1, "neither a limit")],
+)  # fmt: skip
+def test_a_max_p95_ms_that_could_mean_off_or_a_limit_is_refused_naming_the_field(value, says) -> None:
+    with pytest.raises(ValidationError, match=rf"max_p95_ms\n.*{says}.*\"off\" not to judge it"):
+        WatchOptions(max_p95_ms=value)
+    # As the flow reads a model file's watch: the error leads with the field's whole path.
+    with pytest.raises(ValueError, match=rf"^watch\.max_p95_ms: .*{says}"):
+        validated(WatchOptions, {"max_p95_ms": value}, "watch")
 
 
 def test_latency_percentiles_interpolate_within_buckets() -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.weights.hub import MAX_MODEL_BYTES, HubFile, HubListingError, check_path, unsafe_path_reason
+from tasks.weights.hub_errors import HubListingError
+from tasks.weights.hub_listing import MAX_MODEL_BYTES, HubFile, check_path, unsafe_path_reason
 from tasks.weights.selection import SelectionError, check_index, select_files
 from tasks.weights.staging import Manifest, StagingError, object_name
 

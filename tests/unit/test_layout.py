@@ -3,7 +3,7 @@
 - tasks/ shows the pipeline: at most 10 entries at its top, one package per stage;
 - no import cycle among the product's modules (the packages' one-way layering is `make lint`'s .importlinter);
 - no product module over 600 lines, no product function over 80;
-- the README is a front page of at most 300 lines, and every docs/ page it links to exists.
+(the README as a front page is tests/unit/test_readme.py's).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The deployer role table: the README matches the data, every role is Google's and holds what we say it does,
+"""The deployer role table: docs/first-run.md matches the data, every role is Google's and holds what we say it does,
 and a 403 from any API is turned into the permission and the role to grant."""
 
 from __future__ import annotations
@@ -11,20 +11,21 @@ import pytest
 from sandbox.authz import roles as sandbox_roles
 from tasks.common import permissions
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FIRST_RUN = Path(__file__).resolve().parents[2] / "docs" / "first-run.md"  # "Roles the deployer needs"
 
 
-def test_readme_role_table_is_the_generated_one() -> None:
-    text = README.read_text()
+def test_the_role_table_is_the_generated_one() -> None:
+    text = FIRST_RUN.read_text()
     found = re.search(r"<!-- roles-table:start[^>]*-->\n(.*?)<!-- roles-table:end -->", text, re.S)
-    assert found, "README.md lost its roles table markers"
+    assert found, "docs/first-run.md lost its roles table markers"
     assert found.group(1) == permissions.readme_table(), (
-        "README's 'Roles the deployer needs' table differs from tasks/common/permissions.py: paste readme_table()"
+        "docs/first-run.md's 'Roles the deployer needs' table differs from tasks/common/permissions.py: "
+        "paste readme_table()"
     )
 
 
-def test_readme_names_the_roles_doctor_reads_with() -> None:
-    text = README.read_text()
+def test_the_roles_doctor_reads_with_are_named() -> None:
+    text = FIRST_RUN.read_text()
     assert all(f"`{need.role}`" in text for need in permissions.DOCTOR_ROLES)
 
 

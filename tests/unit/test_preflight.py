@@ -52,7 +52,6 @@ def test_the_presets_pass_preflight():
             1,
             "not pinned",
         ),
-        (ServingProfile.preset("l4", max_instances=4), "max_instances", 6, "above the GPU quota of 3"),
         (
             ServingProfile.preset("rtx-pro-6000", gpu_zonal_redundancy=True),
             "gpu_zonal_redundancy",
@@ -166,8 +165,27 @@ def test_weights_copied_to_memory_backed_storage_need_the_ram():
 
 
 def test_preflight_error_lists_every_error_with_its_fix():
-    profile = ServingProfile.preset("l4", max_instances=5, image="vllm/vllm-openai:v1")
+    profile = ServingProfile.preset("l4", vllm={"max_num_seqs": 2000}, image="vllm/vllm-openai:v1")
     with pytest.raises(PreflightError) as caught:
         raise_on_errors(check_profile(profile, TARGET, "svc"))
     text = str(caught.value)
-    assert "max_instances" in text and "image" in text and "(lesson 6)" in text and "(lesson 1)" in text
+    assert "vllm.max_num_seqs" in text and "image" in text and "(lesson 20)" in text and "(lesson 1)" in text
+
+
+def test_preflight_judges_the_load_strategy_that_runs():
+    """The RTX preset renders eager; a user's --safetensors-load-strategy replaces it, once, and preflight reads the
+    user's value from what runs (issue 34)."""
+    prefetch = ServingProfile.preset("rtx-pro-6000", vllm={"extra_args": ["--safetensors-load-strategy", "prefetch"]})
+    args = list(service_of(prefetch).template.containers[0].args)
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--safetensors-load-strategy"] == ["prefetch"]
+    assert check_profile(prefetch, TARGET, "svc") == [] and check_service(prefetch, service_of(prefetch)) == []
+    lazy = ServingProfile.preset("rtx-pro-6000", vllm={"extra_args": ["--safetensors-load-strategy", "lazy"]})
+    (finding,) = check_profile(lazy, TARGET, "svc")
+    assert (finding.severity, finding.setting, finding.lesson) == ("warning", "vllm.extra_args", 12)
+    assert "--safetensors-load-strategy lazy" in finding.message
+
+
+def test_the_port_check_reads_the_last_port_as_vllm_does():
+    profile = ServingProfile.preset("l4")
+    service = service_of(profile, args=["vllm", "serve", "/mnt/models/m", "--port", "8080", "--port=8000"])
+    assert [(f.setting, f.lesson) for f in check_service(profile, service)] == [("container_port", 4)]

@@ -6,7 +6,7 @@ import math
 
 from blocks.profile import PRESETS, ServingProfile
 from blocks.target import GcpTarget
-from tasks.checks.quotas import CPU, MEMORY, Need, gpu_quota, quotas_for, raw, refusal
+from tasks.checks.quotas import ASSUMED, CPU, MEMORY, Need, gpu_quota, quotas_for, raw, refusal, unread_gpus
 
 RTX = ServingProfile(**PRESETS["rtx-pro-6000"])
 TARGET = GcpTarget(project="acme-ml-prod", region="us-central1")
@@ -52,3 +52,21 @@ def test_quotas_that_fit_or_are_unlimited_refuse_nothing_and_the_fit_is_the_smal
     assert refusal([Need(CPU, 20, 1, math.inf), Need(MEMORY, 80, 1, 400)], TARGET, "max_instances", "x") is None
     three = [Need(CPU, 8, 3, 20), Need(MEMORY, 32, 3, 40)]
     assert "set max_instances to 1" in (refusal(three, TARGET, "max_instances", "x") or "")
+
+
+def test_an_unread_gpu_quota_is_the_one_given_else_a_new_projects_default():
+    assert unread_gpus("nvidia-l4", False, 6) == (6, "as gpu_quota gives it")
+    assert unread_gpus("nvidia-l4", False, None) == (3, ASSUMED)
+    assert unread_gpus("nvidia-rtx-pro-6000", False, None) == (1, ASSUMED)
+    assert unread_gpus("nvidia-l4", True, None) == (0, ASSUMED)  # zonal redundancy: its own quota, none at first
+    assert unread_gpus("nvidia-h100", False, None) == (None, "unknown GPU type")  # not judged: Cloud Run decides
+
+
+def test_a_refusal_on_the_assumed_gpu_quota_says_it_was_assumed_and_how_to_give_the_projects():
+    """What the profile check "max_instances above gpu_quota" said (lesson 6), now from the one GPU quota figure."""
+    l4 = gpu_quota("nvidia-l4", False)
+    assumed = Need(l4, 1, 4, 3, f"{ASSUMED}: Service Usage could not be read")
+    message = refusal([assumed], TARGET, "max_instances", "4 instance(s) of 8 vCPU, 32 GiB and a nvidia-l4 GPU") or ""
+    assert "4 GPU for 4 instance(s) of 1 GPU; the project has 3 (a new project's default, assumed; give the " in message
+    assert "Request NvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion of 4 GPU" in message
+    assert message.endswith("or set max_instances to 3 or fewer")

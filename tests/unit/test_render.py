@@ -16,6 +16,7 @@ from tasks.deploy.render import (
     probe_failure_threshold,
     render_service,
     revision_name,
+    running_value,
     service_yaml,
 )
 
@@ -267,3 +268,43 @@ def test_a_streamer_buffer_the_instance_cannot_hold_is_refused():
     (finding,) = check_streamer_memory(too_big)
     assert finding.setting == "streamer_memory_gib" and "set streamer_memory_gib to 28 or less" in finding.message
     assert check_streamer_memory(ServingProfile.preset("l4", load_mode="runai-streamer")) == []
+
+
+# A flag the user gives in extra_args replaces the rendered one --------------------------------------------------
+def vllm_args(profile: ServingProfile) -> list[str]:
+    return list(render(profile).template.containers[0].args)
+
+
+def test_a_users_load_strategy_replaces_the_rendered_one_at_its_place():
+    """vLLM's parser keeps the last of a repeated flag silently: rendered twice, the checks would read eager while
+    prefetch ran (issue 34)."""
+    rendered = vllm_args(ServingProfile.preset("rtx-pro-6000"))
+    profile = ServingProfile.preset(
+        "rtx-pro-6000", vllm={"extra_args": ["--safetensors-load-strategy", "prefetch", "--trust-remote-code"]}
+    )
+    args = vllm_args(profile)
+    assert option(args, "--safetensors-load-strategy") == "prefetch"  # once (option asserts it), with the user's value
+    place = rendered.index("--safetensors-load-strategy")
+    assert args[: place + 2] == [*rendered[:place], "--safetensors-load-strategy", "prefetch"]
+    assert args[place + 2 :] == [*rendered[place + 2 :], "--trust-remote-code"]  # the others follow, unchanged
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--safetensors-load-strategy=prefetch"], ["--safetensors_load_strategy", "prefetch"]],
+    ids=["equals", "underscores"],
+)
+def test_a_users_flag_in_another_spelling_replaces_the_rendered_one(extra):
+    args = vllm_args(ServingProfile.preset("rtx-pro-6000", vllm={"extra_args": extra}))
+    assert not [a for a in args if a.startswith("--safetensors-load-strategy") and a not in extra]
+    assert [a for a in args if "load" in a and "strategy" in a] == extra[:1]
+    assert args[-1] == "--enable-chunked-prefill"  # replaced at its place, not appended
+
+
+def test_the_load_strategy_the_checks_read_is_the_one_that_runs():
+    profile = ServingProfile.preset(
+        "rtx-pro-6000",
+        vllm={"safetensors_load_strategy": "lazy", "extra_args": ["--safetensors-load-strategy", "prefetch"]},
+    )
+    assert running_value(profile, "--safetensors-load-strategy") == "prefetch"
+    assert running_value(ServingProfile.preset("rtx-pro-6000"), "--safetensors-load-strategy") == "eager"

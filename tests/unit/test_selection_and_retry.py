@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tasks.weights.hub import HubFile, retry_after_seconds
+from tasks.weights.hub_listing import HubFile
+from tasks.weights.hub_retry import retry_after_seconds
 from tasks.weights.selection import SelectionError, select_files
 
 

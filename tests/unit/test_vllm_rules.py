@@ -299,3 +299,41 @@ def test_ordinary_extra_args_pass():
 def test_check_profile_reports_the_rules():
     findings = check_profile(l4(extra_args=["-tp", "2"]), TARGET, "svc")
     assert [f.setting for f in findings if f.severity == "error"] == ["vllm.extra_args"]
+
+
+# The value that runs -------------------------------------------------------------------------------------------
+def rtx(**vllm) -> ServingProfile:
+    return ServingProfile.preset("rtx-pro-6000", vllm=vllm)
+
+
+def load_strategy_findings(profile: ServingProfile) -> list[tuple[str, str]]:
+    return [(f.severity, f.setting) for f in profile_rules(profile) if "load-strategy" in f.message]
+
+
+def test_the_load_strategy_check_sees_the_users_flag_not_the_rendered_one():
+    """The RTX preset renders eager; the user's flag replaces it, and the check judges what runs (issue 34)."""
+    assert load_strategy_findings(rtx(extra_args=["--safetensors-load-strategy", "prefetch"])) == []
+    assert load_strategy_findings(rtx(extra_args=["--safetensors-load-strategy", "lazy"])) == [
+        ("warning", "vllm.extra_args")
+    ]
+    # The field says lazy, the user's flag says prefetch: prefetch runs, so nothing to warn about.
+    overridden = rtx(safetensors_load_strategy="lazy", extra_args=["--safetensors-load-strategy=prefetch"])
+    assert load_strategy_findings(overridden) == []
+    assert load_strategy_findings(rtx(safetensors_load_strategy="lazy")) == [
+        ("warning", "vllm.safetensors_load_strategy")
+    ]
+
+
+def test_the_load_strategy_does_not_matter_to_the_streamer():
+    streamer = ServingProfile.preset("l4", load_mode="runai-streamer", vllm={"safetensors_load_strategy": "lazy"})
+    assert load_strategy_findings(streamer) == []
+
+
+def test_the_rules_read_the_quantization_that_runs():
+    """-q in extra_args replaces the rendered --quantization (and is refused as a repeat); the checkpoint check
+    judges the method that would run, the user's."""
+    profile = l4(quantization="fp8", extra_args=["-q", "awq"])
+    flags = vllm_flags(profile, "x")
+    assert "--quantization" not in flags and flags[flags.index("-q") + 1] == "awq"
+    gptq = {**LLAMA, "quantization_config": {"quant_method": "gptq"}}
+    assert [e for e in errors(model_rules(profile, gptq)) if e.startswith("vllm.quantization: awq does not match")]

@@ -52,6 +52,10 @@ def test_long_answers_are_not_judged_on_request_latency_when_ttft_and_tpot_are()
     assert judge(long_answers, WatchOptions(), signals())[0] == "held"
     assert judge(long_answers, WatchOptions(), None)[0] == "breached"  # 60 s default on request metrics alone
     assert judge(long_answers, WatchOptions(max_p95_ms=90_000), signals())[0] == "breached"  # unless asked
+    # "off" is off on either metrics; empty is the default, which differs between them.
+    assert judge(long_answers, WatchOptions(max_p95_ms="off"), None)[0] == "held"
+    assert judge(long_answers, WatchOptions(max_p95_ms="off"), signals())[0] == "held"
+    assert judge(long_answers, WatchOptions(max_p95_ms=None), None)[0] == "breached"
 
 
 def test_ttft_and_tpot_limits_need_the_sidecar():
@@ -99,6 +103,7 @@ def test_until_vllms_figures_arrive_latency_is_judged_on_request_metrics():
     empty = VllmSignals()
     verdict, reason = judge(requests(100, latency_ms=99_500), WatchOptions(), empty)
     assert verdict == "breached" and "above max_p95_ms 60,000 ms" in reason
+    assert judge(requests(100, latency_ms=99_500), WatchOptions(max_p95_ms="off"), empty)[0] == "held"
 
 
 def test_histogram_deltas_keep_vllms_buckets_in_ms():

@@ -4,18 +4,17 @@ as Cloud Run jobs of the sandbox, reached through its TLS face inside a private 
 Collected only inside such a namespace (`python -m sandbox.netns -- pytest tests/worker`, which `make worker-e2e`
 does; it says why and skips where namespaces are not allowed). Everything the worker talks to lives in that
 namespace: the sandbox (`--tls-names`: https://run.googleapis.com and https://oauth2.googleapis.com on 127.0.0.1:443)
-and a real `prefect server start`. The project is set up as the README says for a team: `python -m flows.bootstrap
-gcp --pool-type cloud-run-v2 --build-worker-image --key-file KEY`, where KEY is a key of the pipeline's runner
-account made with IAM's keys.create (its token_uri is Google's token endpoint, which the TLS face answers).
+and a real `prefect server start`. The project is set up as docs/production.md says for a team:
+`python -m flows.bootstrap gcp --pool-type cloud-run-v2 --build-worker-image --key-file KEY`, where KEY is a key of
+the pipeline's runner account made with IAM's keys.create (its token_uri is Google's token endpoint, which the TLS
+face answers).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,7 +66,7 @@ def pipeline(sandbox: SandboxHandle, prefect: dict[str, str], tmp_path_factory) 
 def worker(pipeline: Pipeline, prefect: dict[str, str], tmp_path_factory) -> Iterator[Path]:
     """`prefect worker start --pool hf-pipeline --type cloud-run-v2`, prefect-gcp's own worker; its log file."""
     log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    # Cancellation as the README describes it: the worker kills the job of a run cancelled while it submits it.
+    # Cancellation as docs/production.md describes it: the worker kills the job of a run cancelled while it submits it.
     env = {**prefect, "PREFECT_WORKER_ENABLE_CANCELLATION": "true"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -83,21 +82,6 @@ def worker(pipeline: Pipeline, prefect: dict[str, str], tmp_path_factory) -> Ite
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def dump(value: object) -> str:
-    return json.dumps(value, indent=1, default=str)[-6000:]
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 1.0):
-    """Poll ``predicate`` until it returns something truthy; generous timeouts, the host may be busy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(interval)
-    raise TimeoutError(f"{what}: not within {timeout} s")
 
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

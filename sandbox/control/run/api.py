@@ -53,7 +53,7 @@ from sandbox.control.run.validation import (
     ingress_index,
     start_waves,
 )
-from sandbox.faults import FaultMiddleware
+from sandbox.faults import FaultMiddleware, front_end_server
 from sandbox.serving import ServedApp, serve_app
 
 State = run_v2.Condition.State
@@ -807,7 +807,7 @@ class CloudRun:
 
         issuer = self.ctx.identity
         app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http, issuer, served)
-        server = f"run:{record.service_id}" + (f":{tag}" if tag else "")
+        server = front_end_server(record.service_id, tag)
         return await serve_app(FaultMiddleware(app, server, self.faults), server)
 
     async def shutdown(self) -> None:

@@ -46,15 +46,16 @@ import asyncio
 import contextlib
 import json
 import math
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from google.cloud import run_v2
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from sandbox.control.errors import GoogleApiError
 from sandbox.control.monitoring.metrics import (
@@ -91,76 +92,30 @@ class ExpositionError(ValueError):
     """The scraped body is not the Prometheus text format; the whole scrape fails, as Prometheus' parser fails it."""
 
 
-@dataclass(frozen=True)
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-@dataclass
-class Family:
-    name: str
-    type: str  # counter, gauge, histogram, summary, untyped
-    samples: list[Sample] = field(default_factory=list)
-
-
-_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_SAMPLE = re.compile(rf"^({_METRIC_NAME})\s*(?:\{{(.*)\}})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_TYPE = re.compile(rf"^#\s+TYPE\s+({_METRIC_NAME})\s+(counter|gauge|histogram|summary|untyped)\s*$")
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def _labels(text: str, line: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    pos = 0
-    while pos < len(text) and text[pos:].strip():
-        match = _LABEL.match(text, pos)
-        if match is None:
-            raise ExpositionError(f"bad label set in line {line!r}")
-        labels[match.group(1)] = re.sub(r"\\[\\\"n]", lambda m: _ESCAPES[m.group(0)], match.group(2))
-        pos = match.end()
-    return labels
-
-
-def _family_of(name: str, types: dict[str, str]) -> tuple[str, str]:
-    """The family a sample belongs to: its own TYPE'd name, or a histogram's/summary's by suffix, else untyped."""
-    if name in types:
-        return name, types[name]
-    for suffix, kinds in (("_bucket", ("histogram",)), ("_sum", ("histogram", "summary")), ("_count",
-                          ("histogram", "summary"))):  # fmt: skip
-        base = name.removesuffix(suffix)
-        if base != name and types.get(base) in kinds:
-            return base, types[base]
-    return name, "untyped"
-
-
-def parse_exposition(text: str) -> list[Family]:
-    """The families of a Prometheus text-format body, samples in order. Sample names are kept as printed: a counter
-    named ``foo`` stays ``foo`` (prometheus_client's own parser would rename it ``foo_total``)."""
-    types: dict[str, str] = {}
-    lines = text.splitlines()
-    for line in lines:
-        match = _TYPE.match(line.strip())
-        if match:
-            types[match.group(1)] = match.group(2)
-    families: dict[str, Family] = {}
-    for raw in lines:
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            raise ExpositionError(f"bad sample line {line!r}")
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            raise ExpositionError(f"bad value in line {line!r}") from None
-        name, kind = _family_of(match.group(1), types)
-        family = families.setdefault(name, Family(name, kind))
-        family.samples.append(Sample(match.group(1), _labels(match.group(2) or "", line), value))
-    return list(families.values())
+def parse_exposition(text: str) -> list[Metric]:
+    """The families of a Prometheus text-format body, samples in order and values as floats, read by
+    prometheus_client's parser; a body it refuses fails the whole scrape (ExpositionError)."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise ExpositionError(f"not the Prometheus text format: {exc}") from None
+    # The parser renames the samples of a counter TYPE'd without "_total" (``foo`` becomes ``foo_total``:
+    # parser.py build_metric, which munges counters into OpenMetrics form), while the GMP exporter keeps names as
+    # scraped. Which counters those were is only in the TYPE lines, so they are read here.
+    bare_counters = {
+        parts[2]
+        for line in text.splitlines()
+        if (parts := line.split())[:2] == ["#", "TYPE"] and parts[3:] == ["counter"] and not parts[2].endswith("_total")
+    }
+    for family in families:
+        renamed = family.type == "counter" and family.name in bare_counters
+        family.samples = [
+            sample._replace(
+                name=sample.name.removesuffix("_total") if renamed else sample.name, value=float(sample.value)
+            )
+            for sample in family.samples
+        ]
+    return families
 
 
 # Families -> Monitoring time series ------------------------------------------------------------------------------
@@ -174,7 +129,7 @@ def _metric_labels(labels: dict[str, str], target: dict[str, str]) -> dict[str, 
 
 
 def time_series(
-    families: list[Family],
+    families: list[Metric],
     resource: dict[str, str],
     target_labels: dict[str, str],
     series_start: float,
@@ -207,7 +162,7 @@ def time_series(
     return written
 
 
-def _histograms(family: Family) -> dict[tuple, ExplicitDistribution]:
+def _histograms(family: Metric) -> dict[tuple, ExplicitDistribution]:
     """One distribution per label set: Prometheus' cumulative ``le`` buckets made per-bucket counts."""
     parts: dict[tuple, dict[str, Any]] = {}
     for sample in family.samples:
@@ -353,7 +308,7 @@ class GmpSidecar:
             return
         self._export(series, at)
 
-    def _series(self, families: list[Family], at: float) -> list[TimeSeriesWrite]:
+    def _series(self, families: list[Metric], at: float) -> list[TimeSeriesWrite]:
         instance_id = self.instance_id()
         env = self.env
         resource = {"project_id": env.project, "location": env.location, "cluster": CLUSTER,
