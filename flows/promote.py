@@ -27,6 +27,7 @@ from flows.doctor import check_project
 from flows.replace import Stopped, deliver_in_place, resume_after_failed_replace, resume_old_revision, stop_for_replace
 from flows.service_lock import ServiceLock
 from tasks.checks import act_as
+from tasks.checks.findings import Finding, error
 from tasks.checks.preflight import (
     ModelFacts,
     check_candidate_quota,
@@ -35,7 +36,7 @@ from tasks.checks.preflight import (
     check_service,
     raise_on_errors,
 )
-from tasks.checks.quotas import Need, check_region_quotas, gpu_quota
+from tasks.checks.quotas import Need, QuotaExceeded, check_region_quotas, gpu_quota
 from tasks.common import clients
 from tasks.common.gcp import explain_forbidden
 from tasks.common.logs import run_logger
@@ -382,7 +383,9 @@ def _preflight(
 ) -> None:  # fmt: skip
     """What would fail later, refused before any cloud write: the profile's findings, a runtime token there is none
     of, a canary with no watch, the region's quotas and the candidate's GPU beside the serving revision's."""
-    report.findings = raise_on_errors(check_profile(profile, target, report.service))
+    report.findings = raise_on_errors(
+        _with_quota_refusal(check_profile(profile, target, report.service), target, profile)
+    )
     if profile.hf_token_at_runtime and clients.hub_token(source) is None:
         raise ValueError(_NO_RUNTIME_TOKEN)
     if delivery.canary and delivery.samples(profile) == 0:
@@ -393,6 +396,18 @@ def _preflight(
     needs = check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at deploy
     if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
         report.findings += raise_on_errors(_candidate_quota(target, profile, report.service, delivery, needs))
+
+
+def _with_quota_refusal(findings: list[Finding], target: GcpTarget, profile: ServingProfile) -> list[Finding]:
+    """The profile's findings and, when they refuse it anyway, the region's quota refusal too: a user fixes every
+    problem in one go rather than meeting the quota after fixing the rest (reads only, no write)."""
+    if not any(f.severity == "error" for f in findings):
+        return findings
+    try:
+        check_region_quotas(target, profile)
+    except QuotaExceeded as exc:
+        return [*findings, error("max_instances", str(exc).removeprefix("max_instances: "))]
+    return findings
 
 
 def _resolve_revision(
