@@ -24,10 +24,11 @@ from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
 from flows.delivery import Delivery, DeliveryRun, deliver, watch_promoted
 from flows.doctor import check_project
-from flows.replace import Stopped, deliver_in_place, resume_after_failed_replace, resume_old_revision, stop_for_replace
+from flows.replace import Stopped, deliver_in_place, resume_after_failed_replace, stop_for_replace
 from flows.service_lock import ServiceLock
 from tasks.checks import act_as
 from tasks.checks.findings import Finding, error
+from tasks.checks.in_use import check_room
 from tasks.checks.preflight import (
     ModelFacts,
     check_candidate_quota,
@@ -340,13 +341,16 @@ def _promote(
             # Read-only project checks first: a disabled API or a missing role fails here, before anything is spent.
             check_project(target, profile, service_id)
     with report.step("preflight"):
-        _preflight(report, target, profile, source, delivery, dry_run)
+        needs = _preflight(report, target, profile, source, delivery, dry_run)
     with report.step("resolve"):
         weights = _resolve_revision(report, target, profile, source)
     with report.step("check service"):
         # The service as it will be sent, checked before any cloud call (only the image digest is still unknown).
         planned, build_yaml = _planned_service(target, profile, source, service_id, weights, exact_tag=dry_run)
         report.findings += raise_on_errors(check_service(profile, planned))
+        if not dry_run:  # the candidate's instance beside everything running in the region
+            report.findings += raise_on_errors(check_room(target, profile, service_id, delivery.rollout, needs,
+                                                          dict(planned.template.labels)))  # fmt: skip
     if dry_run:
         _show_dry_run(report, target, source, planned, build_yaml)
         return
@@ -380,9 +384,10 @@ def _promote(
 def _preflight(
     report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource, delivery: Delivery,
     dry_run: bool,
-) -> None:  # fmt: skip
+) -> list[Need]:  # fmt: skip
     """What would fail later, refused before any cloud write: the profile's findings, a runtime token there is none
-    of, a canary with no watch, the region's quotas and the candidate's GPU beside the serving revision's."""
+    of, a canary with no watch, the region's quotas and the candidate's GPU beside the serving revision's. Returns
+    the quota figures judged by."""
     report.findings = raise_on_errors(
         _with_quota_refusal(check_profile(profile, target, report.service), target, profile)
     )
@@ -396,6 +401,7 @@ def _preflight(
     needs = check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at deploy
     if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
         report.findings += raise_on_errors(_candidate_quota(target, profile, report.service, delivery, needs))
+    return needs
 
 
 def _with_quota_refusal(findings: list[Finding], target: GcpTarget, profile: ServingProfile) -> list[Finding]:
@@ -498,10 +504,16 @@ def _verify_or_abandon(
         if run.samples and candidate.previous_traffic:
             monitoring_read_revision(run.target, run.service_id, candidate.revision, run.delivery.vllm_metrics)
     except Exception:
-        run.fenced(candidate.left_serving, "abandon the candidate")
-        run_abandon_candidate(run.target, run.service_id, candidate)
-        if stopped is not None:
-            resume_old_revision(report, run.target, run.service_id, stopped, profile)
+        # The verification's error is the run's story: a failure to abandon is logged beside it, and a replace
+        # rollout's service never stays at manual 0 (resume_after_failed_replace logs its own failure).
+        try:
+            run.fenced(candidate.left_serving, "abandon the candidate")
+            run_abandon_candidate(run.target, run.service_id, candidate)
+        except Exception as exc:
+            run_logger().error("the candidate %s could not be abandoned: %s", candidate.revision, exc)
+        finally:
+            if stopped is not None:
+                resume_after_failed_replace(report, run.target, run.service_id, stopped, profile, run.lock)
         raise
 
 

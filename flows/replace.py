@@ -19,9 +19,10 @@ from flows.delivery import Delivery, DeliveryRun, fenced, watch_plan, watch_prom
 from flows.service_lock import ServiceLock
 from tasks.common.logs import run_logger
 from tasks.deploy import verdicts
-from tasks.deploy.cloudrun import revision_names, serving_traffic
-from tasks.deploy.rollout import run_resume_serving, run_stop_serving
+from tasks.deploy.cloudrun import GPU_RELEASE_DEADLINE_S, revision_names, serving_traffic
+from tasks.deploy.rollout import run_resume_serving, run_stop_serving, run_wait_answering
 from tasks.report.report import PromotionReport
+from tasks.watch.canary import RolledBack
 
 
 class Stopped(NamedTuple):
@@ -60,9 +61,8 @@ def resume_after_failed_replace(
     report: PromotionReport, target: GcpTarget, service_id: str, stopped: Stopped, profile: ServingProfile,
     lock: ServiceLock,
 ) -> None:  # fmt: skip
-    """The candidate never started: the old revision serves again, from a cold start
-    once a GPU is free (the candidate's idle instance may hold one for a while). A failure here is
-    logged, not raised: the candidate's failure is the run's story."""
+    """The candidate never started, or failed verification: the old revision serves again, from a cold start once
+    a GPU is free. A failure here is logged, not raised: the candidate's failure is the run's story."""
     try:
         fenced(lock, target, service_id, stopped.serving, "resume the old revision")
         resume_old_revision(report, target, service_id, stopped, profile)
@@ -76,10 +76,32 @@ def resume_after_failed_replace(
 def resume_old_revision(
     report: PromotionReport, target: GcpTarget, service_id: str, stopped: Stopped, profile: ServingProfile
 ) -> None:
-    """The candidate of a replace rollout is abandoned: automatic scaling again, and the old revision serves from a
-    cold start once a GPU is free; the report says what the stop cost."""
+    """The candidate of a replace rollout is abandoned (traffic back on the old revision, its tag gone) while the
+    service is still at manual 0, so its instance has stopped: an idle one would hold the GPU for up to 15 minutes.
+    Then automatic scaling again, and the old revision serves from a cold start once Cloud Run has released the
+    GPU; the report says when it answered, or that it did not yet."""
     run_resume_serving(target, service_id, stopped.scaling, profile.max_instances)
-    report.downtime = f"{stopped.since:.0f} s, and the old revision's cold start (replace rollout)"
+    answered = run_wait_answering(target, service_id)
+    if answered is None:
+        report.downtime = (
+            f"{stopped.since:.0f} s so far: the old revision did not answer within {GPU_RELEASE_DEADLINE_S:.0f} s "
+            "of resuming (its cold start needs a free GPU); it starts on its next request once one is"
+        )
+        run_logger().warning("replace rollout: %s does not answer yet: %s", service_id, report.downtime)
+        return
+    report.downtime = (
+        f"{stopped.since:.0f} s (replace rollout: the old revision answered again {answered:.0f} s after resuming)"
+    )
+
+
+def give_gpu_back(
+    report: PromotionReport, target: GcpTarget, service_id: str, stopped: Stopped, profile: ServingProfile
+) -> None:
+    """After a breach at 100 % the candidate, rolled back, would stay up idle with the only GPU: manual 0 stops it
+    (a revision with neither traffic nor a tag gets no instance under manual scaling), then the old revision
+    resumes as after a failed verification."""
+    run_stop_serving(target, service_id)
+    resume_old_revision(report, target, service_id, stopped, profile)
 
 
 def deliver_in_place(report: PromotionReport, run: DeliveryRun, stopped: Stopped, profile: ServingProfile) -> None:
@@ -97,4 +119,8 @@ def deliver_in_place(report: PromotionReport, run: DeliveryRun, stopped: Stopped
         )
         report.outcome = "promoted"
         report.serving_revision = candidate.revision
-    watch_promoted(report, run.at_100(), previous_url=None)
+    try:
+        watch_promoted(report, run.at_100(), previous_url=None)
+    except RolledBack:  # traffic is back on the old revision, whose GPU the idle candidate holds
+        give_gpu_back(report, run.target, run.service_id, stopped, profile)
+        raise

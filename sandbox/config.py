@@ -34,22 +34,42 @@ class SandboxConfig(BaseModel):
         description="GPUs per project and region without zonal redundancy (FACTS.md: 3 for a first L4 deploy)",
     )
     zonal_redundancy_gpu_quota: int = Field(0, ge=0, description="GPUs with zonal redundancy; new projects have none")
-    cpu_quota: float = Field(200, description="regional vCPU quota for Cloud Run")
-    memory_quota_gib: float = Field(800, description="regional memory quota for Cloud Run, GiB")
-    runtime_gpu_quota: bool = Field(
-        False,
-        description="count the GPUs of running instances against gpu_quota, so an instance that would exceed it "
-        "does not start (as on Cloud Run); off by default because the sandbox keeps idle instances (a session's "
-        "services would hold every GPU)",
+    cpu_quota: float = Field(
+        20,
+        description="regional vCPU quota for Cloud Run (CpuAllocPerProjectRegion): a new project's 20 vCPU, 20000 "
+        "milli-vCPU as Service Usage and the refusals give it (googlecodelabs/feedback#1856: 'CpuAllocPerProjectRegion "
+        "requested: 60000 allowed: 20000')",
+    )
+    memory_quota_gib: float = Field(
+        40,
+        description="regional memory quota for Cloud Run, GiB (MemAllocPerProjectRegion): a new project's 40 GiB, "
+        "42949672960 bytes (googlecodelabs/feedback#2311: 'MemAllocPerProjectRegion requested: 85899345920 allowed: "
+        "42949672960', us-central1 and asia-southeast1 alike)",
+    )
+    runtime_quota: bool = Field(
+        True,
+        description="count the vCPU, memory and GPUs of every running instance (services) and task (jobs) against "
+        "the regional quotas, so that one which would exceed them does not start, in Cloud Run's words (sandbox/"
+        "control/run/capacity.py, with sources): Cloud Run's quotas 'are also accounted as a sum of all in-use "
+        "resources in the region' ('About maximum instances')",
     )
     gpu_release_seconds: float = Field(
-        0,
+        45,
         ge=0,
-        description="with runtime_gpu_quota, simulated seconds an instance's GPU still counts against the quota after "
-        "the instance stopped: Cloud Run releases it some time later (justin-thakral/dullyPDF's "
+        description="simulated seconds a stopped instance's GPU still counts against the quota: Cloud Run releases "
+        "it some time later. Google publishes no figure; justin-thakral/dullyPDF's "
         "scripts/deploy-detector-services.sh retries a single-GPU redeploy 4 times 45 s apart on 'Quota exceeded "
-        "for total allowable count of GPUs' while 'Cloud Run is still releasing the prior GPU allocation'; Google "
-        "publishes no figure)",
+        "for total allowable count of GPUs' while 'Cloud Run is still releasing the prior GPU allocation': one of "
+        "its intervals",
+    )
+    idle_instance_seconds: float = Field(
+        900,
+        ge=0,
+        description="simulated seconds an instance no minimum keeps warm stays up after its last request (or after "
+        "it started), holding its vCPU, memory and GPU: 'Cloud Run may keep some instances idle for a maximum of 15 "
+        "minutes' to cut cold starts (Cloud Run docs, 'About instance autoscaling', Idle instances); the sandbox "
+        "keeps them the whole 15 minutes, the worst case for the quota. A revision served by the real engine counts "
+        "it in real seconds, as its probes do",
     )
     disabled_apis: list[str] = Field(
         default_factory=list,
@@ -113,19 +133,19 @@ class SandboxConfig(BaseModel):
         "executions describe in public reports); until then the execution is pending and cancelling it runs nothing",
     )
     grant_propagation_seconds: float = Field(
-        0,
+        120,
         ge=0,
         description="simulated seconds before a role granted by setIamPolicy (on the project or a resource) counts in "
         "permission checks (Google's IAM docs, 'Access change propagation': policy changes take 'Typically 2 "
-        "minutes, potentially 7 minutes or longer'; sandbox/authz/propagation.py). 0 by default, so that a test "
-        "granting itself a role needs no wait; tests of the product's waits set 120 and 420",
+        "minutes, potentially 7 minutes or longer'; sandbox/authz/propagation.py): the typical figure; the worst "
+        "case (420) is set by the tests of the product's waits",
     )
     iam_propagation_seconds: float = Field(
-        60,
+        120,
         ge=0,
         description="simulated seconds before a new service account is visible to other APIs (setIamPolicy, "
         "Cloud Run): IAM is eventually consistent (Google's IAM docs, 'Access change propagation': typically "
-        "within 2 minutes, up to 7); a minute keeps tests quick (0.6 s real at the default clock)",
+        "within 2 minutes, up to 7): the typical figure (1.2 s real at the default clock)",
     )
 
 
@@ -137,8 +157,9 @@ RUNTIME_SETTINGS = (
     "zonal_redundancy_gpu_quota",
     "cpu_quota",
     "memory_quota_gib",
-    "runtime_gpu_quota",
+    "runtime_quota",
     "gpu_release_seconds",
+    "idle_instance_seconds",
     "iam_propagation_seconds",
     "grant_propagation_seconds",
     "monitoring_delay_seconds",

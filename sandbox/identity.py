@@ -112,6 +112,10 @@ class AccessTokens:
         """The principal ``token`` was issued to; None for the configured caller's tokens and unknown ones."""
         return self._principals.get(token)
 
+    def issued(self, token: str) -> bool:
+        """Whether the sandbox handed ``token`` out (to anyone)."""
+        return token in self._principals
+
 
 @dataclass(frozen=True)
 class ServiceAccountKey:

@@ -134,6 +134,30 @@ def iam_propagated(iam_propagation: Callable[[float], dict]) -> None:
     iam_propagation(0)
 
 
+@pytest.fixture
+def grants_propagated(grant_propagation: Callable[[float], dict]) -> None:
+    """Roles granted count at once (a new project's 2 minutes cut to none): for tests that grant with raw calls,
+    which have no product wait, while testing something else; test_iam_propagation.py and the product's waits
+    (tasks/infra/propagation.py) cover the window itself."""
+    grant_propagation(0)
+
+
+@pytest.fixture
+def raised_quota(sandbox: SandboxHandle) -> Iterator[None]:
+    """A project whose Cloud Run quotas were raised for zero-downtime GPU delivery: 40 vCPU, 160 GiB, 3 RTX Pro 6000.
+    A new project (20 vCPU, 40 GiB) cannot run a candidate L4 instance (8 vCPU, 32 GiB) beside the serving one, nor
+    any RTX Pro 6000 instance (80 GiB): preflight refuses both, saying which quota to request
+    (tests/e2e/test_new_project.py). Tests of what happens after that request use this."""
+    before = sandbox.configure()
+    raised = {"cpu_quota": 40, "memory_quota_gib": 160, "gpu_quota": {**before["gpu_quota"], "nvidia-rtx-pro-6000": 3}}
+    sandbox.run("POST", "/idle")  # what earlier tests left idle holds nothing: 15 minutes have passed
+    sandbox.configure(**raised)
+    try:
+        yield
+    finally:
+        sandbox.configure(**{key: before[key] for key in raised})
+
+
 @pytest.fixture(scope="session")
 def sandbox_target(sandbox: SandboxHandle):
     """A GcpTarget pointing at the session sandbox (what `python -m sandbox up` prints)."""

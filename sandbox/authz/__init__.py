@@ -49,6 +49,22 @@ def caller(ctx: ControlContext, scope: dict | None = None) -> str:
     return ctx.config.caller
 
 
+def unknown_token(ctx: ControlContext, scope: dict) -> bool:
+    """Whether the request in ``scope`` carries a bearer token the sandbox never issued (nor a self-signed JWT of a
+    key it made): Google answers those 401 UNAUTHENTICATED, whoever the token claims to be. No token at all is the
+    sandbox's anonymous target, acting as the configured caller."""
+    tokens = getattr(ctx.identity, "access_tokens", None)
+    if tokens is None:
+        return False
+    for key, value in scope.get("headers", []):
+        if key.lower() == b"authorization":
+            kind, _, token = value.decode("latin-1").partition(" ")
+            token = token.strip()
+            if kind.lower() == "bearer":
+                return not (tokens.issued(token) or _self_signed(ctx, token))
+    return False
+
+
 def _self_signed(ctx: ControlContext, token: str) -> str | None:
     """The account of a self-signed JWT bearer token (google-auth's service-account credentials send one instead of
     calling the token endpoint when a client asks for JWT access, as the google-cloud-* GAPIC clients do)."""

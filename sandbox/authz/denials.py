@@ -123,3 +123,22 @@ def cloud_build_act_as(project: str, account_unique_id: str) -> str:
         "generic::permission_denied: caller does not have permission to act as service account "
         f"projects/{project}/serviceAccounts/{account_unique_id}."
     )
+
+
+# Google's answer to a bearer token it did not issue or that expired: the APIs' standard 401 (as google-api-core
+# raises it, google.api_core.exceptions.Unauthorized; the text as Google's front ends give it, quoted in many public
+# reports, e.g. googleapis/google-cloud-python issues on expired tokens), and Cloud Storage's JSON API form of it
+# ("Invalid Credentials", reason authError: Cloud Storage docs, "HTTP status and error codes", 401).
+UNAUTHENTICATED_MESSAGE = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other valid "
+    "authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project."
+)
+
+
+def unauthenticated(storage: bool) -> dict:
+    """The 401 body for an unknown bearer token: Cloud Storage's form, or the other APIs' ``UNAUTHENTICATED``."""
+    if storage:
+        error = {"message": "Invalid Credentials", "domain": "global", "reason": "authError",
+                 "locationType": "header", "location": "Authorization"}  # fmt: skip
+        return {"error": {"code": 401, "message": "Invalid Credentials", "errors": [error]}}
+    return {"error": {"code": 401, "message": UNAUTHENTICATED_MESSAGE, "status": "UNAUTHENTICATED"}}

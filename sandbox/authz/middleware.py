@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 
 from sandbox import authz, discovery
 from sandbox.asgi import buffer_body, send_response
-from sandbox.authz.denials import denial
+from sandbox.authz.denials import denial, unauthenticated
 from sandbox.authz.methods import READS_BODY, Check, extra_checks, permission_for, resource_for
 from sandbox.authz.propagation import bindings_of, policy_key
 
@@ -42,6 +42,12 @@ class AuthzMiddleware:
             return
         raw_path = scope.get("raw_path") or scope["path"].encode()
         match = discovery.match(scope["method"], raw_path.decode("latin-1").split("?", 1)[0], self.apis)
+        if match is not None and authz.unknown_token(self.ctx, scope):
+            storage = match.method.api.startswith("storage")
+            await send_response(
+                send, 401, json.dumps(unauthenticated(storage)).encode(), b"application/json; charset=UTF-8"
+            )
+            return
         permission = permission_for(match.id) if match else None
         if match is None or (permission is None and match.id not in READS_BODY):
             await self.app(scope, receive, send)

@@ -83,6 +83,20 @@ def run_revisions(target: GcpTarget):
     return _rest_client(run_v2.RevisionsClient, target, "run")
 
 
+def run_jobs(target: GcpTarget):
+    """Cloud Run Admin API v2: jobs."""
+    from google.cloud import run_v2
+
+    return _rest_client(run_v2.JobsClient, target, "run")
+
+
+def run_executions(target: GcpTarget):
+    """Cloud Run Admin API v2: job executions."""
+    from google.cloud import run_v2
+
+    return _rest_client(run_v2.ExecutionsClient, target, "run")
+
+
 def cloud_build(target: GcpTarget):
     """Cloud Build API v1."""
     from google.cloud.devtools import cloudbuild_v1

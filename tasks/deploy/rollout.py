@@ -27,15 +27,17 @@ cannot start, and the downtime goes on.
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
+import httpx
 from google.cloud import run_v2
 from prefect import task
 
 from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.gcp import GCP_RETRY, gcp_errors
-from tasks.deploy.cloudrun import BY_REVISION, service_path, update_fields
+from tasks.deploy.cloudrun import BY_REVISION, GPU_RELEASE_DEADLINE_S, service_path, update_fields
 
 Rollout = Literal["zero-downtime", "replace"]
 MANUAL = run_v2.ServiceScaling.ScalingMode.MANUAL
@@ -78,5 +80,27 @@ def resume_serving(
         update_fields(target, service, paths)
 
 
+def wait_answering(target: GcpTarget, service_id: str, deadline_s: float = GPU_RELEASE_DEADLINE_S) -> float | None:
+    """Seconds until the service URL's /health answers 200 again (its revision cold-started on a free GPU), or None
+    when it did not within ``deadline_s``: Cloud Run releases a stopped instance's GPU only some time later, and
+    until then the old revision's instance cannot start. Probes back off from half a second to 15 s."""
+    name = service_path(target, service_id)
+    with gcp_errors("run", "roles/run.viewer", f"reading {service_id}", target):
+        url = clients.run_services(target).get_service(name=name, retry=GCP_RETRY).uri
+    token = clients.identity_token(target, url)
+    started, pause = time.monotonic(), 0.5
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token.get_secret_value()}"}) as client:
+        while time.monotonic() - started < deadline_s:
+            try:
+                if client.get("/health", timeout=60).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass  # not up yet: the front end has no instance for it
+            time.sleep(pause)
+            pause = min(pause * 2, 15.0)
+    return None
+
+
 run_stop_serving = task(name="run_stop_serving")(stop_serving)
+run_wait_answering = task(name="run_wait_answering")(wait_answering)
 run_resume_serving = task(name="run_resume_serving")(resume_serving)

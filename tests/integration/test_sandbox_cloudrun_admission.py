@@ -11,6 +11,7 @@ from google.cloud import run_v2
 
 from tasks.common import clients
 from tests.support.models import tiny_model_files, upload_model
+from tests.support.sandbox_config import sandbox_settings
 from tests.support.services import gpu_service, health_probe, vllm_args
 
 # A preview GPU: admitted only on a service that declares launch stage BETA (see the launch stage tests below).
@@ -140,12 +141,7 @@ def test_cpu_service_without_gpu_is_admitted_and_probe_limit_is_600s(services, s
 
 def test_memory_quota_message_matches_cloud_run(sb, services, sandbox_target):
     """googlecodelabs/feedback#2311, word for word after the field path."""
-    sb.configure(memory_quota_gib=40)
-    try:
-        rtx = gpu_service("w", **RTX)
-        message = rejected(services, sandbox_target, rtx)
-    finally:
-        sb.configure(memory_quota_gib=800)
+    message = rejected(services, sandbox_target, gpu_service("w", **RTX))  # a new project's 40 GiB
     assert ": spec.template.metadata.annotations[autoscaling.knative.dev/maxScale]: Max instances" in message
     assert message.endswith(
         ": Max instances must be set to 0 or fewer to set the requested total memory.\nConsider running your "
@@ -158,11 +154,8 @@ def test_memory_quota_message_matches_cloud_run(sb, services, sandbox_target):
 def test_cpu_and_memory_both_short_are_both_named_and_the_smallest_fit_wins(sb, services, sandbox_target):
     """#1856: 3 instances of 20 vCPU / 80 GiB on 20 vCPU / 40 GiB: CPU would allow 1, memory 0."""
     before = sb.configure()
-    sb.configure(memory_quota_gib=40, cpu_quota=20, gpu_quota={**before["gpu_quota"], "nvidia-rtx-pro-6000": 3})
-    try:
+    with sandbox_settings(sb, gpu_quota={**before["gpu_quota"], "nvidia-rtx-pro-6000": 3}):  # 20 vCPU, 40 GiB: new
         message = rejected(services, sandbox_target, gpu_service("w", **{**RTX, "max_instances": 3}))
-    finally:
-        sb.configure(**{k: before[k] for k in ("memory_quota_gib", "cpu_quota", "gpu_quota")})
     assert "Max instances must be set to 0 or fewer to set the requested total CPU." in message
     assert message.endswith(
         "Quota violated:\nCpuAllocPerProjectRegion requested: 60000 allowed: 20000\n"

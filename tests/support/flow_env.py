@@ -6,6 +6,9 @@ blocks for that one."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 
 
@@ -29,3 +32,26 @@ def flow_env(sandbox, prefect_api):
         os.environ.pop("HF_ENDPOINT", None)
     else:
         os.environ["HF_ENDPOINT"] = previous
+
+
+@pytest.fixture(autouse=True)
+def region_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that runs flows leaves the region as it found it: the Cloud Run services it made are deleted after it
+    (their instances stop). The sandbox is a new project, whose quotas (20 vCPU, 40 GiB) hold one L4 instance, and
+    preflight counts what runs in the region (tasks/checks/in_use.py): an earlier test's service, left up, would
+    take the next test's room. Services made before the test (a module's shared service) stay."""
+    if "flow_env" not in request.fixturenames:
+        yield
+        return
+    from google.api_core import exceptions as gexc
+
+    from tasks.common import clients
+
+    target = request.getfixturevalue("flow_env")
+    services = clients.run_services(target)
+    before = {s.name for s in services.list_services(parent=target.location_path)}
+    yield
+    for service in services.list_services(parent=target.location_path):
+        if service.name not in before:
+            with contextlib.suppress(gexc.GoogleAPICallError):
+                services.delete_service(name=service.name).result(polling=clients.operation_polling(target))

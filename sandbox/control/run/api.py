@@ -29,6 +29,7 @@ from sandbox.control.cloudbuild.image_config import plan_launch
 from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.logging.entries import instance_id_for
 from sandbox.control.run import resources as res
+from sandbox.control.run.capacity import Footprint, GpuReleases, exceeded, footprint_of
 from sandbox.control.run.dependencies import (
     RevisionStartError,
     check_dependencies,
@@ -60,7 +61,9 @@ State = run_v2.Condition.State
 LATEST = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST
 BY_REVISION = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
 INVOKER = "roles/run.invoker"
-DRAIN_SIM_S, DRAIN_MIN_REAL_S = 60, 1.0  # in-flight requests finish on a revision that lost its traffic
+# A request holds its instance up for at most Cloud Run's longest request timeout (simulated seconds): one the front
+# end lost track of (a caller gone before the first byte) cannot keep an instance up for ever.
+MAX_REQUEST_S = 3600
 PUBLIC_MEMBERS = {"allUsers", "allAuthenticatedUsers"}
 # User-settable top-level fields a PATCH without updateMask replaces.
 MUTABLE_FIELDS = (
@@ -128,7 +131,11 @@ class CloudRun:
         self.instances: dict[str, Instance] = {}  # by full revision name
         self.faults_for_new_services: dict[str, list[dict]] = {}  # by service id, for its first revisions
         self._starting: dict[str, asyncio.Task] = {}
-        self._releasing: list[tuple[str, float]] = []  # (accelerator, monotonic time its GPU is released)
+        self.releases = GpuReleases(self.config)  # stopped instances' GPUs Cloud Run has not released yet
+        self._footprints: dict[str, Footprint] = {}  # by full revision name: what one instance holds
+        self._last_active: dict[str, float] = {}  # by full revision name: monotonic time of its last request
+        self._in_flight: dict[str, int] = {}  # by full revision name: requests its instance is answering
+        self._reaper: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
         self.jobs = CloudRunJobs(self)  # jobs, executions and tasks (jobs.py); they share the operations here
 
@@ -543,9 +550,6 @@ class CloudRun:
         service.etag = res.etag_of(service)
         await self._stop_manually_scaled(record)
         self._finish(op, service)
-        task = asyncio.create_task(self._retire_unrouted(record))
-        record.rollouts.add(task)
-        task.add_done_callback(record.rollouts.discard)
 
     def _manually_stopped(self, record: ServiceRecord) -> set[str]:
         """Revisions that may run no instance: those taking traffic in a service scaled manually to 0.
@@ -562,31 +566,81 @@ class CloudRun:
         return {revision for revision, percent in record.routes if percent > 0}
 
     async def _stop_manually_scaled(self, record: ServiceRecord) -> None:
-        """A manual count of 0 stops the instances of the revisions taking traffic (how fast Cloud Run stops them
-        is not documented: here before the update's operation ends)."""
-        for short in self._manually_stopped(record):
+        """Under manual scaling, instances run only where the count puts them: a count of 0 stops the instances of
+        the revisions taking traffic, and a revision with neither traffic nor a tag gets none (the count "is divided
+        among all revisions with specified traffic"; a tag-only revision scales to one on its tag URL's traffic:
+        "Manual scaling"). Manual scaling has no autoscaler, so no idle instance is kept. How fast Cloud Run stops
+        them is not documented: here before the update's operation ends."""
+        scaling = record.service.scaling
+        if scaling.scaling_mode != run_v2.ServiceScaling.ScalingMode.MANUAL:
+            return
+        idle = (
+            {n.rsplit("/", 1)[1] for n in record.revisions} - set(dict(record.routes)) - set(record.tag_routes.values())
+        )
+        for short in self._manually_stopped(record) | idle:
             await self._stop_instance(f"{record.service.name}/revisions/{short}")
 
-    def _routed(self, record: ServiceRecord) -> set[str]:
-        return {r for r, pct in record.routes if pct} | set(record.tag_routes.values())
+    # Idle instances ---------------------------------------------------------------------------------------
+    def _kept_warm(self, record: ServiceRecord, name: str) -> bool:
+        """Whether a minimum keeps the revision ``name``'s instance up. Cloud Run docs, "Set minimum instances for
+        services" and "Revisions and minimum instances": a service-level minimum goes to the revisions serving
+        traffic in proportion to the split (a tagged revision outside the split is not counted toward it); a
+        revision-level minimum starts its instances whenever the revision is in the split, even at 0 %, or has a
+        tag. A manual instance count keeps the revisions taking traffic up ("Manual scaling")."""
+        revision = record.revisions.get(name)
+        if revision is None:
+            return False
+        short = name.rsplit("/", 1)[1]
+        in_split = dict(record.routes)
+        scaling = record.service.scaling
+        if scaling.scaling_mode == run_v2.ServiceScaling.ScalingMode.MANUAL:
+            return scaling.manual_instance_count > 0 and in_split.get(short, 0) > 0
+        kept_by_service = scaling.min_instance_count > 0 and in_split.get(short, 0) > 0
+        tagged = short in set(record.tag_routes.values())
+        return kept_by_service or (revision.scaling.min_instance_count > 0 and (short in in_split or tagged))
 
-    async def _retire_unrouted(self, record: ServiceRecord) -> None:
-        """Stop instances no URL can reach any more (Cloud Run scales them to zero), after a drain period.
+    def _record_of(self, revision_name: str) -> ServiceRecord | None:
+        return self.services.get(revision_name.split("/revisions/", 1)[0])
 
-        Requests already on their way to the old revision when traffic moves must still complete, as on
-        Cloud Run; the instance stops only if it is still unrouted when the period ends.
-        """
-        unrouted = [
-            name
-            for name in record.revisions
-            if name.rsplit("/", 1)[1] not in self._routed(record) and name != record.service.latest_created_revision
-        ]
-        if not unrouted:
-            return
-        await asyncio.sleep(max(DRAIN_SIM_S * self.config.time_scale, DRAIN_MIN_REAL_S))
-        for name in unrouted:
-            if name in self.instances and name.rsplit("/", 1)[1] not in self._routed(record):
-                await self._stop_instance(name)
+    def _idle_for(self, name: str, instance: Instance) -> float:
+        """Seconds (real) the ready instance has answered no request, or 0 while it starts or answers one."""
+        if instance.ready_at is None:
+            return 0.0
+        now = time.time()
+        last = max(self._last_active.get(name, 0.0), instance.ready_at)
+        busy_for = MAX_REQUEST_S * self._clock(instance)
+        if self._in_flight.get(name) and now - last < busy_for:
+            return 0.0
+        return now - last
+
+    def _clock(self, instance: Instance) -> float:
+        """Real seconds per simulated second for ``instance``: the real engine runs in real time (its probes too)."""
+        return 1.0 if instance.spec.real_engine else self.config.time_scale
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap_idle())
+
+    async def _reap_idle(self) -> None:
+        """Cloud Run's scale-in: an instance no minimum keeps up stops once it has been idle for
+        ``idle_instance_seconds`` ("About instance autoscaling": idle instances are kept "for a maximum of 15
+        minutes"), whether its revision still takes traffic or lost it. Its next request cold-starts one."""
+        while self.instances:
+            await asyncio.sleep(max(min(self.config.idle_instance_seconds * self.config.time_scale / 10, 1.0), 0.05))
+            for name, instance in list(self.instances.items()):
+                record = self._record_of(name)
+                if record is not None and self._kept_warm(record, name):
+                    continue
+                if self._idle_for(name, instance) > self.config.idle_instance_seconds * self._clock(instance):
+                    await self._stop_instance(name)
+
+    def request_started(self, revision_name: str) -> None:
+        self._in_flight[revision_name] = self._in_flight.get(revision_name, 0) + 1
+        self._last_active[revision_name] = time.time()
+
+    def request_ended(self, revision_name: str) -> None:
+        self._in_flight[revision_name] = max(self._in_flight.get(revision_name, 0) - 1, 0)
+        self._last_active[revision_name] = time.time()
 
     # Instances --------------------------------------------------------------------------------------------
     def _instance_spec(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict) -> InstanceSpec:
@@ -649,7 +703,8 @@ class CloudRun:
         """Start the revision's containers in dependsOn order: each wave once the previous one passed its startup
         probes (validation.start_waves); the ingress container is the process, sidecars run in-process."""
         spec = await self.internet.wire(self._instance_spec(record, revision, faults), revision)
-        self._check_gpu_in_use(revision.name, spec.accelerator)
+        footprint = footprint_of(revision.containers, spec.accelerator)
+        self._check_capacity(revision.name, footprint)
         if spec.storage_url is not None and spec.mounts:
             # The Cloud Storage volume's bucket is out of reach (egress.py): the volume never mounts.
             self._mount_failed(record, spec, revision, (
@@ -664,9 +719,13 @@ class CloudRun:
         workdir.mkdir(parents=True, exist_ok=True)
         instance = Instance(spec, workdir, self.gcs_url, self.config.time_scale)
         previous = self.instances.get(revision.name)
+        # Registered before any wait, so that a start beside it counts what this one holds.
+        self.instances[revision.name] = instance
+        self._footprints[revision.name] = footprint
+        self._last_active[revision.name] = time.time()
+        self._start_reaper()
         if previous is not None:  # a cold restart after a crash: the old instance's sidecars must not run on
             await previous.stop()
-        self.instances[revision.name] = instance
         containers = list(revision.containers)
         ingress = ingress_index(containers)
         sidecars = {i: self._sidecar(record, revision, instance, c) for i, c in enumerate(containers) if i != ingress}
@@ -695,30 +754,25 @@ class CloudRun:
                     return outcome
         return outcome
 
-    def _check_gpu_in_use(self, revision_name: str, accelerator: str) -> None:
-        """With ``runtime_gpu_quota``, an instance needing a GPU starts only while the running instances' GPUs of its
-        type leave room in the region's quota ("About maximum instances": quotas "are also accounted as a sum of all
-        in-use resources in the region across of your Cloud Run resources"). The refusal is the revision's, in
-        Cloud Run's words (GoogleCloudPlatform/magic-modules PR 17149: "Revision '...' is not ready and cannot serve
-        traffic. Quota exceeded for total allowable count of GPUs per project per region."). Off by default: the
-        sandbox never idles instances out on its own, so a test session's many services would hold every GPU. A
-        stopped instance's GPU counts for ``gpu_release_seconds`` more (config.py, with its source)."""
-        if not accelerator or not self.config.runtime_gpu_quota:
-            return
-        now = time.monotonic()
-        self._releasing = [(gpu, until) for gpu, until in self._releasing if until > now]
-        in_use = sum(
-            1
-            for name, instance in self.instances.items()
-            if name != revision_name and instance.running and instance.spec.accelerator == accelerator
-        ) + sum(1 for gpu, _ in self._releasing if gpu == accelerator)
-        if in_use >= self.config.gpu_quota.get(accelerator, 0):
+    def _check_capacity(self, revision_name: str, footprint: Footprint) -> None:
+        """An instance starts only while the region's quotas hold it beside every running instance and job task
+        (capacity.py, with Cloud Run's words and their sources); its revision fails otherwise."""
+        refusal = exceeded(self.config, self.held(except_revision=revision_name), self.releases.pending(), footprint)
+        if refusal is not None:
             short = revision_name.rsplit("/", 1)[1]
             raise RevisionStartError(
-                f"Revision '{short}' is not ready and cannot serve traffic. Quota exceeded for total allowable count "
-                "of GPUs per project per region.",
+                f"Revision '{short}' is not ready and cannot serve traffic. {refusal}",
                 run_v2.Condition.CommonReason.REVISION_FAILED,
             )
+
+    def held(self, except_revision: str = "") -> list[Footprint]:
+        """What every running (or starting) instance, but ``except_revision``'s, and every running job task hold."""
+        instances = [
+            self._footprints[name]
+            for name, instance in self.instances.items()
+            if name != except_revision and _holds(instance) and name in self._footprints
+        ]
+        return [*instances, *self.jobs.running_footprints()]
 
     def _sidecar(
         self, record: ServiceRecord, revision: run_v2.Revision, instance: Instance, container: run_v2.Container
@@ -750,6 +804,7 @@ class CloudRun:
             return None  # the front end answers 503, as for a revision with no instance
         instance = self.instances.get(name)
         if instance is not None and instance.running:
+            self.request_started(name)
             return instance.url
         revision = record.revisions.get(name)
         if not self._ready(revision):
@@ -762,18 +817,19 @@ class CloudRun:
         try:
             outcome = await asyncio.shield(task)
         except RevisionStartError:
-            return None  # e.g. its secret was revoked since: the front end answers 503
-        return self.instances[name].url if outcome.ready else None
+            return None  # e.g. its secret was revoked since, or the region's quota is held: the front end answers 503
+        if not outcome.ready:
+            return None
+        self.request_started(name)
+        return self.instances[name].url
 
     async def _stop_instance(self, revision_name: str) -> None:
         instance = self.instances.pop(revision_name, None)
         if instance is not None:
-            held_gpu = instance.running and instance.spec.accelerator
+            held_gpu = _holds(instance) and instance.spec.accelerator
             await instance.stop()
-            if held_gpu and self.config.gpu_release_seconds:
-                # Its GPU counts against the quota a while longer (config.gpu_release_seconds).
-                until = time.monotonic() + self.config.gpu_release_seconds * self.config.time_scale
-                self._releasing.append((instance.spec.accelerator, until))
+            if held_gpu:  # its GPU counts against the quota a while longer (config.gpu_release_seconds)
+                self.releases.add(instance.spec.accelerator)
 
     async def _serve_frontend(self, record: ServiceRecord, tag: str) -> ServedApp:
         if self._http is None:
@@ -797,6 +853,7 @@ class CloudRun:
             return Routing(record.public, list(record.routes), audiences, may_invoke)
 
         def served(revision: str, status: int, seconds: float) -> None:
+            self.request_ended(f"{record.service.name}/revisions/{revision}")
             # Requests that reached an instance, for Cloud Monitoring's request_count / request_latencies.
             monitoring = self.ctx.module("monitoring")
             if monitoring is not None:
@@ -811,6 +868,8 @@ class CloudRun:
         return await serve_app(FaultMiddleware(app, server, self.faults), server)
 
     async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
         await self.jobs.shutdown()
         for record in self.services.values():
             for task in record.rollouts:
@@ -846,28 +905,17 @@ class CloudRun:
         return PlainTextResponse(f"no logs for revision {short}", status_code=404)
 
     async def admin_idle(self, _: Request) -> JSONResponse:
-        """Cloud Run's idle shutdown, now: stop the instances that no minimum keeps warm.
-
-        Cloud Run docs, "About container instance autoscaling": "When a revision does not receive any traffic, by
-        default it is scaled in to zero container instances", unless min instances keep some warm; an idle instance
-        may be kept a while first (its "Idle instances" section), and the next request cold-starts one. Which
-        minimum keeps which revision ("Set minimum instances for services", "Revisions and minimum instances"): a
-        service-level minimum goes to the revisions serving traffic in proportion to the split (a tagged revision
-        outside the split is not counted toward it); a revision-level minimum starts its instances whenever the
-        revision is in the split, even at 0 %, or has a tag. The sandbox does not wait for the idle moment: a test
-        asks for it here. Returns the revisions whose instance was stopped.
-        """
+        """Cloud Run's idle shutdown, now, as if the idle time (``idle_instance_seconds``) and the GPU release
+        (``gpu_release_seconds``) had passed: stop the instances no minimum keeps warm (``_kept_warm``) and release
+        every GPU. A test that needs the region's quota free of what earlier tests left idle asks for it here.
+        Returns the revisions whose instance was stopped."""
         stopped = []
-        for record in self.services.values():
-            in_split = {revision: percent for revision, percent in record.routes}
-            tagged = set(record.tag_routes.values())
-            for name, revision in record.revisions.items():
-                short = name.rsplit("/", 1)[1]
-                kept_by_service = record.service.scaling.min_instance_count > 0 and in_split.get(short, 0) > 0
-                kept_by_revision = revision.scaling.min_instance_count > 0 and (short in in_split or short in tagged)
-                if not (kept_by_service or kept_by_revision) and name in self.instances:
-                    await self._stop_instance(name)
-                    stopped.append(name)
+        for name in list(self.instances):
+            record = self._record_of(name)
+            if record is None or not self._kept_warm(record, name):
+                await self._stop_instance(name)
+                stopped.append(name)
+        self.releases.release_all()
         return JSONResponse({"stopped": stopped})
 
     async def admin_instances(self, _: Request) -> JSONResponse:
@@ -895,3 +943,8 @@ def revision_template_view(revision: run_v2.Revision) -> run_v2.RevisionTemplate
 
 def _snake(name: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+def _holds(instance: Instance) -> bool:
+    """Whether ``instance`` holds its resources: registered to start, or its container still running."""
+    return instance.process is None or instance.process.returncode is None

@@ -43,6 +43,7 @@ from starlette.routing import BaseRoute, Route
 from sandbox.control.cloudbuild.image_config import HOST_ONLY_ENV, ImageConfig
 from sandbox.control.errors import GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.run import resources as res
+from sandbox.control.run.capacity import Footprint, exceeded, footprint_of
 from sandbox.control.run.dependencies import (
     RevisionStartError,
     check_account_visible,
@@ -78,6 +79,7 @@ JOB_FIELDS = ("labels", "annotations", "client", "client_version", "launch_stage
 class TaskRecord:
     task: run_v2.Task
     attempt: TaskAttempt | None = None  # the one running or last run
+    holding: bool = False  # an attempt runs: the task's vCPU and memory count against the region's quotas
 
 
 @dataclass
@@ -518,6 +520,7 @@ class CloudRunJobs:
                     task.task.retried = attempt
                 try:
                     spec = self._attempt_spec(record, ex, task.task, attempt)
+                    self._claim_capacity(task)
                 except RevisionStartError as exc:  # e.g. a secret the job's account cannot read: no retry helps
                     execution.failed_count += 1
                     return exc.message, Reason.NON_ZERO_EXIT_CODE
@@ -529,6 +532,7 @@ class CloudRunJobs:
                     result = await task.attempt.run()
                 finally:
                     execution.running_count -= 1
+                    task.holding = False
                 task.task.last_attempt_result = run_v2.TaskAttemptResult(exit_code=result.exit_code or 0)
                 if result.succeeded or ex.stopping:
                     break
@@ -542,6 +546,25 @@ class CloudRunJobs:
             execution.failed_count += 1
             reason = None if result.timed_out else Reason.NON_ZERO_EXIT_CODE
             return attempt_failure(task.task.name.rsplit("/", 1)[1], result), reason
+
+    def _claim_capacity(self, task: TaskRecord) -> None:
+        """A task starts only while the region's quotas hold its container beside what runs (capacity.py); it
+        holds its vCPU and memory until the attempt ends."""
+        want = footprint_of(task.task.containers)
+        refusal = exceeded(self.ctx.config, self.run.held(), self.run.releases.pending(), want)
+        if refusal is not None:
+            raise RevisionStartError(refusal, run_v2.Condition.CommonReason.REVISION_FAILED)
+        task.holding = True
+
+    def running_footprints(self) -> list[Footprint]:
+        """What the running tasks of every execution hold of the region's quotas."""
+        return [
+            footprint_of(t.task.containers)
+            for record in self.jobs.values()
+            for ex in record.executions.values()
+            for t in ex.tasks
+            if t.holding
+        ]
 
     def _attempt_spec(self, record: JobRecord, ex: ExecutionRecord, task: run_v2.Task, attempt: int) -> AttemptSpec:
         container = task.containers[0]
