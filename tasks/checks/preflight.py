@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from google.cloud import run_v2
 
-from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
+from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE, container_cpus, instance_cpu_limit, size_problem
 from blocks.profile import CPU_MODE_ENV, DISALLOWED_MOUNT_ROOTS, MAX_CONCURRENCY, ServingProfile
 from blocks.target import GcpTarget
 from tasks.checks.findings import Finding, PreflightError, error, warning
 from tasks.checks.vllm_rules import model_rules, profile_rules
 from tasks.common.naming import CANDIDATE_TAG, SERVICE_ID
-from tasks.deploy.metrics_sidecar import SCRAPE_PORT, SIDECAR_CPU, SIDECAR_MEMORY_MIB, vllm_share
+from tasks.deploy.metrics_sidecar import SCRAPE_PORT, nearest_split, split_instance
 from tasks.deploy.render import (
     COMPILE_S,
     CPU_PROBE_LIMIT_S,
@@ -53,6 +53,7 @@ def check_profile(profile: ServingProfile, target: GcpTarget, service_id: str) -
     findings = [error("image", text.removeprefix("image: "), 1) for text in prebuilt_findings(profile)]
     findings += check_streamer_memory(profile)
     findings += _gpu_findings(profile, target) if profile.gpu_type else _cpu_findings(profile)
+    findings += check_container_sizes(profile)
     findings += _concurrency_findings(profile) + _service_name_findings(service_id)
     if profile.build is not None:
         try:
@@ -253,15 +254,6 @@ def check_containers(profile: ServingProfile, service: run_v2.Service) -> list[F
                 f"get no PORT), but vLLM listens on {profile.container_port}; set container_port to {SCRAPE_PORT}",
             )
         )
-    cpu, memory_mib = vllm_share(profile.cpu, profile.memory_gib, True)
-    if cpu < 1 or memory_mib < 1024:
-        findings.append(
-            error(
-                "cpu",
-                f"metrics: vllm: the sidecar takes {SIDECAR_CPU} vCPU and {SIDECAR_MEMORY_MIB} MiB of the instance, "
-                f"leaving vLLM {cpu} vCPU and {memory_mib} MiB; raise cpu and memory_gib",
-            )
-        )
     if not profile.cpu_always_allocated:
         findings.append(
             warning(
@@ -271,6 +263,39 @@ def check_containers(profile: ServingProfile, service: run_v2.Service) -> list[F
             )
         )
     return findings
+
+
+def check_container_sizes(profile: ServingProfile) -> list[Finding]:
+    """The instance as Cloud Run sizes containers: each one on its own (whole vCPUs of 1, 2, 4, 6 or 8, memory per
+    vCPU, the GPU's container at its GPU's minimums; blocks/hardware.py), so a profile Cloud Run would refuse at
+    deploy, after the weights are staged and the image built, is refused here with the nearest totals it takes."""
+    sidecar = profile.metrics == "vllm"
+    if split_instance(profile.cpu, profile.memory_gib, profile.gpu_type, sidecar) is not None:
+        return []
+    cpu, memory_gib, split = nearest_split(profile.cpu, profile.memory_gib, profile.gpu_type, sidecar)
+    field = "cpu" if cpu != profile.cpu else "memory_gib"
+    fix = " and ".join(
+        f"{name} to {value}" for name, value, was in (("cpu", cpu, profile.cpu), ("memory_gib", memory_gib,
+        profile.memory_gib)) if value != was
+    )  # fmt: skip
+    vllm = f"vLLM {split.vllm_cpu} vCPU / {split.vllm_memory_mib / 1024:g} GiB"
+    if not sidecar:
+        problem = size_problem(profile.cpu, profile.memory_gib * 1024, profile.gpu_type) or (
+            f"an instance may have at most {instance_cpu_limit(profile.gpu_type)} vCPU"
+        )
+        return [error(field, f"Cloud Run refuses {profile.cpu} vCPU / {profile.memory_gib} GiB: {problem}; set {fix}")]
+    gpu = profile.gpu_type
+    holder = f"vLLM's container, holding the {gpu}, takes" if gpu else "vLLM's container takes"
+    least = f" and at least {GPUS[gpu].min_memory_gib} GiB" if gpu else ""
+    return [
+        error(
+            field,
+            f"metrics: vllm: Cloud Run sizes each container on its own: {holder} "
+            f"{', '.join(map(str, container_cpus(gpu)))} vCPU{least}, at most 4 GiB per vCPU, the collector's 1, 2, 4, "
+            f"6 or 8 vCPU, and {profile.cpu} vCPU / {profile.memory_gib} GiB split into no such pair; set {fix} "
+            f"({vllm}, the collector {split.sidecar_cpu} vCPU / {split.sidecar_memory_mib / 1024:g} GiB)",
+        )
+    ]
 
 
 def check_runtime_hub(service: run_v2.Service) -> list[Finding]:

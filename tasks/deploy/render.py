@@ -28,7 +28,7 @@ from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
 from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
-from tasks.deploy.metrics_sidecar import sidecar_container, vllm_share
+from tasks.deploy.metrics_sidecar import memory_quantity, sidecar_container, vllm_share
 from tasks.deploy.vllm_argv import flag_value, merge_flags
 from tasks.image.image_reference import same_repository
 from tasks.image.images import keeps_model_garden_launcher
@@ -245,9 +245,8 @@ def _vllm_container(
     env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **streamer_env(profile), **profile.env}
     if entrypoint_style(image, profile) == "env-wrapper":
         env.update({"MODEL_PATH": model, "SERVED_MODEL_NAME": source.served_model_name})
-    sidecar = profile.metrics == "vllm"
-    cpu, memory_mib = vllm_share(profile.cpu, profile.memory_gib, sidecar)
-    limits = {"cpu": str(cpu), "memory": f"{profile.memory_gib}Gi" if not sidecar else f"{memory_mib}Mi"}
+    split = vllm_share(profile.cpu, profile.memory_gib, profile.gpu_type, profile.metrics == "vllm")
+    limits = {"cpu": str(split.vllm_cpu), "memory": memory_quantity(split.vllm_memory_mib)}
     if profile.gpu_type:
         limits["nvidia.com/gpu"] = "1"
     return run_v2.Container(
@@ -288,11 +287,14 @@ def render_service(
 ) -> run_v2.Service:
     """The Cloud Run v2 Service for one model on one profile."""
     container = _vllm_container(profile, target, source, weights, image)
-    sidecar = profile.metrics == "vllm"
+    containers = [container]
+    if profile.metrics == "vllm":
+        split = vllm_share(profile.cpu, profile.memory_gib, profile.gpu_type, True)
+        containers.append(sidecar_container(CONTAINER, container.resources.cpu_idle, split))
     template = run_v2.RevisionTemplate(
         revision=revision,
         labels=service_labels(target, weights),
-        containers=[container, sidecar_container(CONTAINER, container.resources.cpu_idle)] if sidecar else [container],
+        containers=containers,
         # Min instances at the service level only (below): a revision-level minimum keeps a tagged revision's
         # instances (GPUs) even at 0 % of traffic, which no scale-down to a service-level 0 releases.
         scaling=run_v2.RevisionScaling(max_instance_count=profile.max_instances),

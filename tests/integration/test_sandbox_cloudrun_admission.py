@@ -6,10 +6,18 @@ import contextlib
 import itertools
 
 import pytest
+import yaml
 from google.api_core import exceptions
 from google.cloud import run_v2
 
+from blocks import ModelSource, ServingProfile
+from blocks.hardware import MODEL_GARDEN_VLLM_IMAGE
+from blocks.profile import PRESETS
+from flows.promote import _serving_profile
+from flows.sync_deployments import ROOT
+from tasks.checks.preflight import check_container_sizes
 from tasks.common import clients
+from tasks.deploy.render import Weights, render_service
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.sandbox_config import sandbox_settings
 from tests.support.services import gpu_service, health_probe, vllm_args
@@ -63,8 +71,21 @@ def test_a_correct_gpu_service_is_admitted(services, sandbox_target):
         ),
         ({"max_instances": 0}, "Max instances must be set to 3 or fewer in order to set GPU requirements."),
         ({"zonal_redundancy_disabled": False}, "You do not have quota for using GPUs with zonal redundancy."),
-        ({"cpu": "2"}, "nvidia-l4 requires at least 4 CPU"),
-        ({"memory": "8Gi"}, "nvidia-l4 requires at least 16Gi of memory"),
+        (  # the L4's own minimums, on the container holding it
+            {"cpu": "2", "memory": "8Gi"},
+            "spec.template.spec.containers[0].resources.limits: CPU must be at least 4; memory must be at least 16Gi",
+        ),
+        ({"memory": "8Gi"}, "spec.template.spec.containers[0].resources.limits: memory must be at least 16Gi"),
+        (  # whole vCPUs of 1, 2, 4, 6 or 8 only
+            {"cpu": "7", "memory": "28Gi"},
+            "spec.template.spec.containers[0].resources.limits.cpu: Invalid value specified for container cpu. Must "
+            "be equal to one of [.08-1], 1.0, 2.0, 4.0, 6.0, 8.0",
+        ),
+        (
+            {"memory": "40Gi"},
+            "spec.template.spec.containers[0].resources.limits.memory: Invalid value specified for container "
+            "memory. For 8.0 CPU, memory must be between 4Gi and 32Gi inclusive.",
+        ),
         ({"cpu_idle": True}, "GPU services require CPU to be always allocated"),
         ({"gpu": "nvidia-a100"}, "accelerator 'nvidia-a100' is not supported"),
         ({"env": {"PORT": "8000"}}, "The following reserved env names were provided: PORT"),
@@ -81,7 +102,8 @@ def test_cloud_run_rejects_what_it_rejects(services, sandbox_target, change, exp
 def test_rtx_pro_6000_needs_its_minimums_and_a_region_that_has_it(services, sandbox_target):
     rtx = RTX
     assert create(services, sandbox_target, gpu_service("w", **rtx)).template.node_selector.accelerator
-    assert "requires at least 20 CPU" in rejected(services, sandbox_target, gpu_service("w", **{**rtx, "cpu": "8"}))
+    message = rejected(services, sandbox_target, gpu_service("w", **{**rtx, "cpu": "8"}))
+    assert "limits.cpu: Invalid value specified for container cpu. Must be equal to one of 20.0, 22.0" in message
     # RTX quota is 1 in the sandbox project, as seen in the field.
     assert "Max instances must be set to 1 or fewer" in rejected(
         services, sandbox_target, gpu_service("w", **rtx, max_instances=2)
@@ -100,7 +122,7 @@ def test_rtx_pro_6000_needs_gpu_zonal_redundancy_disabled(services, sandbox_targ
 
 def test_rtx_pro_6000_memory_below_80gi_is_refused(services, sandbox_target):
     message = rejected(services, sandbox_target, gpu_service("w", **{**RTX, "memory": "64Gi"}))
-    assert "nvidia-rtx-pro-6000 requires at least 80Gi of memory, got 64Gi" in message
+    assert "For 20.0 CPU, memory must be between 80Gi and 80Gi inclusive." in message
 
 
 def test_l4_in_a_region_without_l4_is_refused(services, sandbox_target):
@@ -214,3 +236,81 @@ def test_mount_options_must_be_gcsfuse_flags(services, sandbox_target, option, r
         assert f"mountOptions: '{option}' is not a Cloud Storage FUSE flag" in message
     else:
         assert create(services, sandbox_target, service).template.volumes[0].gcs.mount_options[-1] == option
+
+
+# Container sizes: what the product renders for every shipped model file and preset --------------------------------
+DEPLOYMENTS = sorted(ROOT.glob("deployments/**/*.yaml"))
+WEIGHTS = Weights("org/model", "a" * 40, "size-test-weights", f"model-cache/org/model/{'a' * 40}", 5 * 10**9)
+
+
+def product_services(target) -> list[tuple[str, ServingProfile, run_v2.Service]]:
+    """Each model file's service as a run renders it (flows/promote's profile: the file's profile, image or build and
+    metrics), then each preset with and without the metrics sidecar."""
+    profiles = [(str(path.relative_to(ROOT)), yaml.safe_load(path.read_text())) for path in DEPLOYMENTS]
+    profiles = [(name, _serving_profile(spec, None, None, None, None)) for name, spec in profiles]
+    profiles += [(f"{p}+{m}", ServingProfile.preset(p, metrics=m)) for p in PRESETS for m in ("none", "vllm")]
+    rendered = []
+    for name, profile in profiles:
+        image = profile.image or MODEL_GARDEN_VLLM_IMAGE  # a built image's stand-in: sizes do not depend on it
+        service = render_service(profile, target, ModelSource(repo_id="org/model"), WEIGHTS, image)
+        # Sizes are under test: the serving account and the VPC the render names are other tests' (test_rollout).
+        service.template.service_account = ""
+        service.template.vpc_access = run_v2.VpcAccess()
+        rendered.append((name, profile, service))
+    return rendered
+
+
+def test_every_shipped_model_file_and_preset_renders_sizes_the_sandbox_admits_or_preflight_refuses(
+    sb, services, sandbox_target
+):
+    """A profile preflight passes is one Cloud Run admits; one it refuses (naming the fix), Cloud Run refuses too. On
+    main the L4 preset with the sidecar rendered vLLM 7 vCPU / 31.5 GiB, which preflight passed and Cloud Run refuses.
+    """
+    assert DEPLOYMENTS, "no model files found"
+    before = sb.configure()
+    # Sizes alone: the RTX preset's 80 GiB exceed a new project's 40 GiB memory quota (doctor and preflight's quota
+    # checks cover that), and its GPU quota may be 0.
+    rtx_quota = {**before["gpu_quota"], "nvidia-rtx-pro-6000": 1}
+    verdicts = {}
+    with sandbox_settings(sb, memory_quota_gib=800, cpu_quota=200, gpu_quota=rtx_quota):
+        for name, profile, service in product_services(sandbox_target):
+            refused_by_preflight = [f.message for f in check_container_sizes(profile)]
+            try:
+                create(services, sandbox_target, service)
+                verdicts[name] = (refused_by_preflight, None)
+            except exceptions.BadRequest as caught:
+                verdicts[name] = (refused_by_preflight, caught.message)
+    disagreements = {name: v for name, v in verdicts.items() if bool(v[0]) != bool(v[1])}
+    assert disagreements == {}
+    refused = {name for name, (preflight, _) in verdicts.items() if preflight}
+    assert refused == {"rtx-pro-6000+vllm"}  # 20 vCPU / 80 GiB are the RTX's own minimum: no room for the collector
+    assert "Must be equal to one of 20.0, 22.0" in verdicts["rtx-pro-6000+vllm"][1]
+
+
+def test_a_jobs_containers_get_the_same_sizes(sandbox_target):
+    jobs = run_v2.JobsClient(
+        transport="rest",
+        credentials=clients.credentials(sandbox_target),
+        client_options=clients.client_options(sandbox_target, "run"),
+    )
+
+    def job(cpu: str, memory: str) -> run_v2.CreateJobRequest:
+        limits = {"cpu": cpu, "memory": memory}
+        container = run_v2.Container(
+            image=MODEL_GARDEN_VLLM_IMAGE, resources=run_v2.ResourceRequirements(limits=limits)
+        )
+        template = run_v2.ExecutionTemplate(template=run_v2.TaskTemplate(containers=[container]))
+        return run_v2.CreateJobRequest(
+            parent=sandbox_target.location_path, job=run_v2.Job(template=template), job_id=f"size-{next(_ids)}",
+            validate_only=True,
+        )  # fmt: skip
+
+    polling = clients.operation_polling(sandbox_target)
+    for cpu, memory in (("2", "4Gi"), ("4", "4Gi"), ("8", "4Gi")):  # the work pool's staging job sizes
+        jobs.create_job(request=job(cpu, memory)).result(polling=polling)
+    with pytest.raises(exceptions.BadRequest) as caught:
+        jobs.create_job(request=job("3", "4Gi")).result(polling=polling)
+    assert "containers[0].resources.limits.cpu: Invalid value specified for container cpu." in caught.value.message
+    with pytest.raises(exceptions.BadRequest) as caught:
+        jobs.create_job(request=job("1", "256Mi")).result(polling=polling)
+    assert "For 1.0 CPU, memory must be between 512Mi and 4Gi inclusive." in caught.value.message

@@ -25,7 +25,7 @@ from tasks.common import clients
 from tasks.infra import ensure
 from tests.support.identity import bearer
 from tests.support.models import tiny_model_files, upload_model
-from tests.support.sandbox_config import config_setter
+from tests.support.sandbox_config import config_setter, sandbox_settings
 from tests.support.services import SERVED_NAME, gpu_service, health_probe, vllm_args
 
 BUCKET = "sidecar-test-weights"
@@ -39,13 +39,15 @@ WAIT_S = 90.0  # real seconds: generous for a loaded 2-core machine; every wait 
 _ids = itertools.count()
 
 
-def collector(*depends_on: str, name: str = "collector", **fields) -> run_v2.Container:
+def collector(
+    *depends_on: str, name: str = "collector", cpu: str = "1", memory: str = "512Mi", **fields
+) -> run_v2.Container:
     """The GMP sidecar as run-gmp-sidecar's run-service-simple.yaml declares it (liveness on :13133, no port)."""
     return run_v2.Container(
         name=name,
         image=GMP_IMAGE,
         depends_on=list(depends_on),
-        resources=run_v2.ResourceRequirements(limits={"cpu": "1", "memory": "512Mi"}),
+        resources=run_v2.ResourceRequirements(limits={"cpu": cpu, "memory": memory}),
         liveness_probe=run_v2.Probe(
             http_get=run_v2.HTTPGetAction(path="/liveness", port=13133), period_seconds=30, timeout_seconds=30
         ),
@@ -54,8 +56,9 @@ def collector(*depends_on: str, name: str = "collector", **fields) -> run_v2.Con
 
 
 def with_sidecar(port: int = 8080, **overrides) -> run_v2.Service:
-    """vLLM (ingress, named "vllm") on ``port`` beside the collector, which starts after it; 8 vCPU / 32 GiB in all."""
-    spec = gpu_service(BUCKET, cpu="7", memory="31.5Gi", args=vllm_args(port=port), **overrides)
+    """vLLM (ingress, named "vllm") on ``port`` beside the collector, which starts after it; 8 vCPU / 32 GiB in all, as
+    the product splits the L4 preset (tasks/deploy/metrics_sidecar.py: vLLM 6 / 24, the collector 2 / 8)."""
+    spec = gpu_service(BUCKET, cpu="6", memory="24Gi", args=vllm_args(port=port), **overrides)
     ingress = spec.template.containers[0]
     ingress.name = "vllm"
     if port != 8080:
@@ -67,7 +70,7 @@ def with_sidecar(port: int = 8080, **overrides) -> run_v2.Service:
             timeout_seconds=2,
             failure_threshold=120,
         )
-    spec.template.containers.append(collector("vllm"))
+    spec.template.containers.append(collector("vllm", cpu="2", memory="8Gi"))
     return spec
 
 
@@ -355,8 +358,11 @@ def test_the_product_shape_is_admitted(services, sandbox_target):
             lambda cs: cs.extend(collector("vllm", name=f"c{i}") for i in range(9)),
             "spec.template.spec.containers: at most 10 containers are allowed per instance, got 11",
         ),
-        (
-            lambda cs: cs.append(run_v2.Container(name="helper", image=cs[0].image)),
+        (  # the collector gives the helper a vCPU of its 2: the instance stays within its 8 vCPU
+            lambda cs: (
+                cs[1].resources.limits.update({"cpu": "1", "memory": "4Gi"}),
+                cs.append(run_v2.Container(name="helper", image=cs[0].image)),
+            ),
             "spec.template.spec.containers[2].image: the sandbox runs only the Managed Service for Prometheus "
             "collector",
         ),
@@ -379,13 +385,78 @@ def test_a_dependency_cycle_is_refused(services, sandbox_target):
     assert "container dependencies form a cycle: collector -> other -> collector" in message
 
 
-def test_gpu_minimums_count_every_containers_limits(services, sandbox_target):
-    rtx = {"gpu": "nvidia-rtx-pro-6000", "launch_stage": "BETA", "probe": health_probe()}
-    # 19 vCPU / 79.5 GiB for vLLM and the collector's 1 / 0.5: the RTX Pro 6000's 20 / 80 as an instance.
-    spec = gpu_service(BUCKET, cpu="19", memory="79.5Gi", **rtx)
+def sized(vllm: tuple[str, str], sidecar: tuple[str, str], **gpu) -> run_v2.Service:
+    """vLLM's container at ``vllm`` (vCPU, memory) holding the GPU, the collector at ``sidecar`` beside it."""
+    spec = gpu_service(BUCKET, cpu=vllm[0], memory=vllm[1], **({"probe": health_probe()} | gpu))
     spec.template.containers[0].name = "vllm"
-    assert "requires at least 20 CPU, got 19" in refusal(services, sandbox_target, spec)
-    spec.template.containers.append(collector("vllm"))
-    assert validate(services, sandbox_target, spec).template.node_selector.accelerator == "nvidia-rtx-pro-6000"
-    spec.template.containers[1].resources.limits = {"cpu": "1", "memory": "256Mi"}
-    assert "got 79.75Gi (the sum of the instance's containers)" in refusal(services, sandbox_target, spec)
+    spec.template.containers.append(collector("vllm", cpu=sidecar[0], memory=sidecar[1]))
+    return spec
+
+
+RTX = {"gpu": "nvidia-rtx-pro-6000", "launch_stage": "BETA"}
+WHOLE_VCPUS = "Invalid value specified for container cpu. Must be equal to one of [.08-1], 1.0, 2.0, 4.0, 6.0, 8.0"
+
+
+@pytest.mark.parametrize(
+    ("vllm", "sidecar", "gpu", "expected"),
+    [
+        # main's split of the L4 preset: 7 vCPU is no size Cloud Run offers a container
+        (("7", "31.5Gi"), ("1", "512Mi"), {}, f"spec.template.spec.containers[0].resources.limits.cpu: {WHOLE_VCPUS}"),
+        (  # the whole instance for vLLM and the collector on top: over the instance's 8 vCPU
+            ("8", "32Gi"),
+            ("1", "512Mi"),
+            {},
+            "spec.template.spec.containers.resources.limits.cpu: Invalid value specified for cpu. Total millicpu "
+            "may not exceed 8000.",
+        ),
+        (  # 4 vCPU / 16 GiB in all, but the GPU is vLLM's: its container keeps the L4's minimums
+            ("2", "8Gi"),
+            ("2", "8Gi"),
+            {},
+            "spec.template.spec.containers[0].resources.limits: CPU must be at least 4; memory must be at least 16Gi",
+        ),
+        (
+            ("6", "25Gi"),
+            ("2", "7Gi"),
+            {},
+            "spec.template.spec.containers[0].resources.limits.memory: Invalid value specified for container memory. "
+            "For 6.0 CPU, memory must be between 4Gi and 24Gi inclusive.",
+        ),
+        (
+            ("6", "24Gi"),
+            ("1", "8Gi"),
+            {},
+            "spec.template.spec.containers[1].resources.limits.memory: Invalid value specified for container memory. "
+            "For 1.0 CPU, memory must be between 512Mi and 4Gi inclusive.",
+        ),
+        (  # 20 vCPU / 80 GiB in all for an RTX PRO 6000: vLLM's container is below its GPU's sizes
+            ("19", "79.5Gi"),
+            ("1", "512Mi"),
+            RTX,
+            "spec.template.spec.containers[0].resources.limits.cpu: Invalid value specified for container cpu. Must "
+            "be equal to one of 20.0, 22.0",
+        ),
+    ],
+    ids=["main-7-vcpu", "total-over-8", "gpu-minimum-own", "vllm-memory", "sidecar-memory", "rtx-19"],
+)
+def test_each_containers_size_is_one_cloud_run_offers(services, sandbox_target, vllm, sidecar, gpu, expected):
+    assert expected in refusal(services, sandbox_target, sized(vllm, sidecar, **gpu))
+
+
+@pytest.mark.parametrize(
+    ("vllm", "sidecar", "gpu"),
+    [
+        (("6", "24Gi"), ("2", "8Gi"), {}),  # the product's split of the L4 preset
+        (("4", "16Gi"), ("1", "512Mi"), {}),  # 5 vCPU in all: no size for an instance, each container's is one
+        (("4", "16Gi"), ("0.5", "512Mi"), {}),  # a fraction of a vCPU for a sidecar, CPU always allocated
+        (("20", "80Gi"), ("1", "1Gi"), RTX),  # the fix preflight offers the RTX preset with the collector
+    ],
+    ids=["l4-split", "five-vcpu", "half-vcpu-sidecar", "rtx-21"],
+)
+def test_sizes_cloud_run_offers_are_admitted(services, sb, sandbox_target, vllm, sidecar, gpu):
+    # Admission of sizes alone: the RTX's 81 GiB exceed a new project's 40 GiB memory quota (and its GPU quota may be
+    # 0), which other tests cover.
+    rtx_quota = {**sb.configure()["gpu_quota"], "nvidia-rtx-pro-6000": 1}
+    with sandbox_settings(sb, memory_quota_gib=800, cpu_quota=200, gpu_quota=rtx_quota):
+        admitted = validate(services, sandbox_target, sized(vllm, sidecar, **gpu))
+    assert [dict(c.resources.limits)["cpu"] for c in admitted.template.containers] == [vllm[0], sidecar[0]]

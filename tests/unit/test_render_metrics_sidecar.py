@@ -32,15 +32,23 @@ def quantity(text: str) -> float:
     return float(text[:-2]) * units[text[-2:]] if text[-2:] in units else float(text)
 
 
-@pytest.mark.parametrize(("preset", "cpu", "memory_gib"), [("l4", 8, 32), ("rtx-pro-6000", 20, 80), ("cpu", 4, 10)])
-def test_the_sidecar_starts_after_vllm_and_the_instance_keeps_the_presets_totals(preset, cpu, memory_gib):
+@pytest.mark.parametrize(
+    ("preset", "vllm_size", "collector_size"),
+    [
+        ("l4", ("6", "24Gi"), ("2", "8Gi")),
+        ("cpu", ("2", "8Gi"), ("2", "2Gi")),
+    ],  # sizes Cloud Run takes (blocks/hardware)
+)
+def test_the_sidecar_starts_after_vllm_and_the_instance_keeps_the_presets_totals(preset, vllm_size, collector_size):
+    profile = ServingProfile.preset(preset)
     template = render(preset).template
     vllm, collector = template.containers
     assert collector.image == SIDECAR_IMAGE and list(collector.depends_on) == [vllm.name]
     assert vllm.ports and not collector.ports  # one ingress container: the one Cloud Run routes to
     limits = [dict(c.resources.limits) for c in template.containers]
-    assert sum(float(x["cpu"]) for x in limits) == cpu
-    assert sum(quantity(x["memory"]) for x in limits) == memory_gib * 2**30
+    assert [(x["cpu"], x["memory"]) for x in limits] == [vllm_size, collector_size]
+    assert sum(float(x["cpu"]) for x in limits) == profile.cpu
+    assert sum(quantity(x["memory"]) for x in limits) == profile.memory_gib * 2**30
     assert dict(vllm.resources.limits).get("nvidia.com/gpu") == ("1" if preset != "cpu" else None)
     assert "nvidia.com/gpu" not in dict(collector.resources.limits)
 
@@ -78,6 +86,6 @@ def test_the_gcloud_command_reparses_into_service_flags_then_one_group_per_conta
     assert not any(w.startswith(("--image=", "--cpu=", "--port=", "--args=")) for w in service_flags)
     vllm = words[first : words.index("--container=collector")]
     collector = words[words.index("--container=collector") :]
-    assert {"--cpu=7", "--memory=32256Mi", "--port=8080", "--gpu=1"} <= set(vllm)
-    assert {f"--image={SIDECAR_IMAGE}", "--cpu=1", "--memory=512Mi", "--depends-on=vllm"} <= set(collector)
+    assert {"--cpu=6", "--memory=24Gi", "--port=8080", "--gpu=1"} <= set(vllm)
+    assert {f"--image={SIDECAR_IMAGE}", "--cpu=2", "--memory=8Gi", "--depends-on=vllm"} <= set(collector)
     assert not any(w.startswith(("--port=", "--args=", "--gpu=")) for w in collector)

@@ -53,7 +53,7 @@ from sandbox.control.run.dependencies import (
 )
 from sandbox.control.run.iam_policy import new_policy, post_policy_method
 from sandbox.control.run.job_tasks import AttemptResult, AttemptSpec, TaskAttempt
-from sandbox.control.run.validation import DEFAULT_CPU, DEFAULT_MEMORY, has_field
+from sandbox.control.run.validation import DEFAULT_CPU, DEFAULT_MEMORY, check_container_sizes, has_field
 from sandbox.metadata import RequireFlavor, build_metadata_app
 from sandbox.serving import ServedApp, serve_app
 
@@ -339,6 +339,8 @@ class CloudRunJobs:
                     f"{prefix}.image: Image '{container.image}' not found. Make sure the image exists and that the "
                     "service agent can pull it."
                 )
+        # Container sizes as for a service's (validation.py); jobs run in the second generation environment.
+        check_container_sizes(task.containers, "job.template.template.containers", task.node_selector.accelerator, True)
         if spec.template.task_count < 0 or spec.template.parallelism < 0:
             raise invalid_argument("job.template: taskCount and parallelism cannot be negative")
         if has_field(task, "timeout") and not 0 < task.timeout.total_seconds() <= 168 * 3600:
