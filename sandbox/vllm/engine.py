@@ -384,6 +384,11 @@ class EngineState:
         with self._lock:
             return self._metrics.render(self.running, self.waiting)
 
+    def metrics_negotiated(self, accept: str) -> tuple[bytes, str]:
+        """The /metrics/... body and Content-Type for ``accept`` (metrics.py)."""
+        with self._lock:
+            return self._metrics.negotiated(self.running, self.waiting, accept)
+
     # --- requests and the engine-death fault ------------------------------------------------------------------
 
     def completed(self) -> None:

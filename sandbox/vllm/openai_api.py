@@ -7,6 +7,7 @@ Completion responses with usage, SSE streams ending in ``data: [DONE]``, and ``{
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from prometheus_client.exposition import gzip_accepted
 
 from sandbox.vllm import VLLM_VERSION, metrics
 from sandbox.vllm.engine import EngineState, FinishedRequest
@@ -53,6 +56,7 @@ class Response:
     body: bytes = b""
     content_type: str | None = JSON
     stream: Iterator[bytes] | None = field(default=None, repr=False)
+    content_encoding: str | None = None
 
 
 class ApiError(Exception):
@@ -218,8 +222,16 @@ class OpenAiApi:
         return Response(200, dumps({"server_load": self.engine.running + self.engine.waiting}))
 
     def metrics(self) -> Response:
-        """vLLM's Prometheus series that the stand-in models (engine.EngineState), as the engine prints them."""
+        """vLLM's Prometheus series that the stand-in models (engine.EngineState), as the engine prints them: GET
+        /metrics, the instrumentator's route, the text format whatever the Accept header (metrics.py)."""
         return Response(200, self.engine.metrics_text(), metrics.CONTENT_TYPE)
+
+    def metrics_mount(self, accept: str, accept_encoding: str) -> Response:
+        """The same series under /metrics/...: prometheus_client's make_asgi_app, which negotiates (metrics.py)."""
+        body, content_type = self.engine.metrics_negotiated(accept)
+        if gzip_accepted(accept_encoding):
+            return Response(200, gzip.compress(body), content_type, content_encoding="gzip")
+        return Response(200, body, content_type)
 
     # --- generation ------------------------------------------------------------------------------------
 

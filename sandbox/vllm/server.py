@@ -35,6 +35,9 @@ _ROUTES: dict[str, dict[str, str]] = {
     "/v1/chat/completions": {"POST": "chat_completions"},
     "/v1/completions": {"POST": "completions"},
 }
+# Under /metrics/... vLLM's Mount of prometheus_client's make_asgi_app answers (its path_regex "^/metrics(?P<path>.*)$",
+# vllm/entrypoints/serve/instrumentator/metrics.py); GET /metrics itself is the instrumentator's route, matched first.
+METRICS_MOUNT = {"GET": "metrics_mount"}
 # Paths vLLM's prometheus-fastapi-instrumentator leaves out of http_requests_total: its excluded_handlers
 # (vllm/entrypoints/serve/instrumentator/metrics.py), regexes searched in the handler, so substrings here.
 UNINSTRUMENTED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
@@ -109,7 +112,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         path = self.path.split("?", 1)[0]
         body = self._read_body()
-        methods = _ROUTES.get(path)
+        methods = _ROUTES.get(path) or (METRICS_MOUNT if path.startswith("/metrics") else None)
         method = "GET" if self.command == "HEAD" else self.command
         api = self.server.api
         # prometheus-fastapi-instrumentator's handler label: the route that fully matches, else "none". A wrong
@@ -129,7 +132,12 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             name = methods[method]
             handler = getattr(api, name)
-            response = handler(body) if name in ("chat_completions", "completions") else handler()
+            if name in ("chat_completions", "completions"):
+                response = handler(body)
+            elif name == "metrics_mount":
+                response = handler(self.headers.get("Accept", ""), self.headers.get("Accept-Encoding", ""))
+            else:
+                response = handler()
         command = self.command
 
         def answered() -> None:
@@ -146,6 +154,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("server", "uvicorn")
         if response.content_type:
             self.send_header("content-type", response.content_type)
+        if response.content_encoding:
+            self.send_header("content-encoding", response.content_encoding)
         if response.stream is None:
             self.send_header("content-length", str(len(response.body)))
             self.end_headers()

@@ -470,11 +470,12 @@ def deploy_when_startable(
     before_retry: Callable[[], object] | None = None,
 ) -> Candidate:  # fmt: skip
     """``deploy_candidate``, made again (a new revision: the failed one keeps its name) while its revision fails only
-    because this run's grant to its account (its secret, the weights bucket) has not taken effect yet
+    because this run's grant to its account (its secret, a bucket it mounts) has not taken effect yet
     (tasks/infra/propagation.py), or, after a replace rollout stopped the serving revision (``gpu_freed``), because
     Cloud Run has not released that revision's GPU yet; logged, bounded. ``before_retry`` runs before each new deploy
     (the flow's lock fence: the waits can last minutes)."""
     email = spec.template.service_account
+    mounted = [v.gcs.bucket for v in spec.template.volumes if v.gcs.bucket]
     started = time.monotonic()
     pauses = propagation.redeploy_pauses()
     while True:
@@ -483,12 +484,24 @@ def deploy_when_startable(
         except DeployFailed as exc:
             waited = time.monotonic() - started
             unreadable = propagation.unreadable_on_new_grant(str(exc), email)
+            granted = propagation.propagating_bucket_grant(email, mounted)
             if unreadable is not None and waited < propagation.DEADLINE_S:
                 why = (f"the revision's account {email} cannot read {unreadable} yet: this run granted it moments ago "
                        "(IAM propagation, typically 2 minutes, up to 7 or more)")  # fmt: skip
+            elif granted is not None and propagation.names_bucket(str(exc), granted[0]):
+                # The grant and its deadline decide, and the failure is about that bucket: gcsfuse's words for a
+                # mount its account may not do yet changed with its v3, the bucket's name did not.
+                why = (f"the revision's account {email} may not mount gs://{granted[0]} yet: this run granted it "
+                       f"{granted[1]:.0f} s ago (IAM propagation, typically 2 minutes, up to 7 or more)")  # fmt: skip
             elif gpu_freed and GPU_QUOTA_REFUSAL in str(exc) and waited < GPU_RELEASE_DEADLINE_S:
                 why = f"Cloud Run has not released the stopped revision's GPU yet ({GPU_QUOTA_REFUSAL})"
             else:
+                if granted is not None:
+                    run_logger().warning(
+                        "the revision failed %.0f s after this run granted %s a role on gs://%s: if its log shows the "
+                        "volume's mount failing, IAM had not propagated the grant yet; run again in a few minutes",
+                        granted[1], email, granted[0],
+                    )  # fmt: skip
                 raise
             pause = next(pauses)
             run_logger().info("%s; deploying again in %.0f s", why, pause)

@@ -54,7 +54,7 @@ def grant_bucket_object_viewer(target: GcpTarget) -> EnsureResult:
         # A service account created moments ago is unknown to Cloud Storage until IAM has propagated it.
         changes = when_visible(POLICY_CONFLICT_RETRY(edit), target.service_account_email, "Cloud Storage")
     if changes:
-        note_grant(target.service_account_email)  # the revision's volume mount right after waits for it
+        note_grant(target.service_account_email, target.bucket_name)  # the revision mounting it right after waits
     return _result("iam", f"gs://{target.bucket_name} {OBJECT_VIEWER} {member}", changes)
 
 

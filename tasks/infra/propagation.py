@@ -21,12 +21,16 @@ Until then:
 - a revision whose account was just granted its secret fails to start: "Permission denied on secret: S for Revision
   service account X. The service account used must be granted the 'Secret Manager Secret Accessor' role ..."
   (GoogleCloudPlatform/terraform-docs-samples PR 168's words; a propagation delay behind them in a write-up of the
-  same error); one just granted the weights bucket cannot mount its Cloud Storage volume: gcsfuse lists the bucket
-  at mount and fails with "SetUpBucket: Error in iterating through objects: googleapi: Error 403: X does not have
-  storage.objects.list access to the Google Cloud Storage bucket ..." in the revision's log (gcsfuse's SetUpBucket;
-  GoogleCloudPlatform/ai-on-gke issue 488). Either way the deploy is made again (a new revision) until the grant
-  has taken effect. Unconfirmed: that Cloud Run puts gcsfuse's error in the revision's log, and in time for the
-  failure's log tail; without it the deploy fails at once with the revision's log tail, and a rerun passes.
+  same error); one just granted the weights bucket cannot mount its Cloud Storage volume, and the instance never
+  starts. Its words are not relied on: gcsfuse changed them in v3 (pre-v3 listed the bucket, "... does not have
+  storage.objects.list access ..."; v3 asks for the bucket's storage layout and its error names the bucket,
+  "storageLayout call failed: GetStorageLayout for "projects/_/buckets/B/storageLayout" failed: ...", without the
+  account or the permission: gcsfuse v3.11.2 internal/storage/storage_handle.go). What the product knows decides:
+  this run granted the account a role on a bucket the revision mounts (``note_grant``), that grant is within its
+  propagation deadline, and the failure names that bucket (Cloud Run's log of the mount, however worded). Either
+  way the deploy is made again (a new revision) until the grant has taken effect. Unconfirmed: that Cloud Run puts
+  gcsfuse's error in the revision's log in time for the failure's log tail; without it the deploy fails at once,
+  saying that a grant of this run may still be propagating, and a rerun passes.
 
 Terraform sleeps a fixed 10 s after creating an account (magic-modules PR 10813) and still sees these errors;
 here the step retries exactly those answers, with exponential backoff, a deadline above the documented worst case,
@@ -74,13 +78,19 @@ OTHER_NEW_ACCOUNT = re.compile(r"Service account [\w.+-]+@[\w.-]+\.gserviceaccou
 # Grants this process made, by account email: a 400 that a missing grant would also explain is waited on only
 # while a grant of this run may still be propagating (the same refusal for a grant nobody made fails at once).
 _granted: dict[str, float] = {}
+# ... and which buckets they were on, by (account email, bucket): a revision mounting one may not start meanwhile.
+_bucket_grants: dict[tuple[str, str], float] = {}
 _granted_lock = threading.Lock()
 
 
-def note_grant(email: str) -> None:
-    """Record that this run just granted ``email`` a role: its refusals meanwhile are IAM propagation."""
+def note_grant(email: str, bucket: str | None = None) -> None:
+    """Record that this run just granted ``email`` a role (on ``bucket``, for a bucket's policy): its refusals
+    meanwhile are IAM propagation."""
+    now = time.monotonic()
     with _granted_lock:
-        _granted[email] = time.monotonic()
+        _granted[email] = now
+        if bucket is not None:
+            _bucket_grants[(email, bucket)] = now
 
 
 def _granted_recently(email: str) -> bool:
@@ -114,14 +124,31 @@ def is_not_visible_yet(exc: BaseException, email: str) -> bool:
 
 def unreadable_on_new_grant(message: str, email: str) -> str | None:
     """What a revision of ``email`` could not read only because this run's grant to it has not propagated yet (its
-    secret, the weights bucket), from its failure and log tail; None for any other failure."""
+    secret), from its failure; None for any other failure. Cloud Run's words for a secret (module docstring)."""
     if not _granted_recently(email):
         return None
     if "Permission denied on secret" in message and f"for Revision service account {email}" in message:
         return "its secret"
-    if f"{email} does not have storage.objects.list access" in message:  # gcsfuse's mount of the weights volume
-        return "the weights bucket"
     return None
+
+
+def propagating_bucket_grant(email: str, buckets: list[str]) -> tuple[str, float] | None:
+    """The bucket of ``buckets`` (a revision's Cloud Storage volumes) this run granted ``email`` a role on most
+    recently, with the seconds since, while that grant may still be propagating (``DEADLINE_S``); else None."""
+    now = time.monotonic()
+    with _granted_lock:
+        ages = [(now - at, bucket) for bucket in buckets if (at := _bucket_grants.get((email, bucket))) is not None]
+    recent = [(age, bucket) for age, bucket in ages if age < DEADLINE_S]
+    if not recent:
+        return None
+    age, bucket = min(recent)
+    return bucket, age
+
+
+def names_bucket(message: str, bucket: str) -> bool:
+    """Whether ``message`` names ``bucket`` as a whole name (``projects/_/buckets/B/...``, ``gs://B``), not as a
+    part of a longer one."""
+    return re.search(rf"(?<![\w.-]){re.escape(bucket)}(?![\w.-])", message) is not None
 
 
 def propagation_retry(email: str, seen_by: str, deadline_s: float = DEADLINE_S) -> Retry:

@@ -89,8 +89,9 @@ def test_a_revision_that_cannot_mount_its_weights_bucket_yet_is_deployed_again_o
     sb, flow_env, grant_propagation
 ):
     """The serving account is granted the weights bucket in the ensure step and the revision mounts it moments later:
-    gcsfuse lists the bucket at mount, and until the grant counts the volume never mounts ("does not have
-    storage.objects.list access" in the revision's log). The deploy is made again, logged, until it does."""
+    until the grant counts the volume never mounts (gcsfuse v3's GetStorageLayout refusal, which names the bucket but
+    neither the account nor a permission). The run's own grant, within its deadline, makes the deploy be made again,
+    logged, until it mounts."""
     n = next(_ids)
     target = flow_env.model_copy(update={"service_account_name": f"mount-wait-sa-{n}"})
     target.save(f"e2e-mount-wait-{n}", overwrite=True)
@@ -98,7 +99,7 @@ def test_a_revision_that_cannot_mount_its_weights_bucket_yet_is_deployed_again_o
     with run_logs() as log:
         report = promote(f"e2e-mount-wait-{n}", target=f"e2e-mount-wait-{n}")
     assert report.outcome == "promoted", report.reason
-    waits = [line for line in log.lines if "cannot read the weights bucket yet" in line]
+    waits = [line for line in log.lines if f"may not mount gs://{target.bucket_name} yet: this run granted it" in line]
     assert waits and all(target.service_account_email in line for line in waits), log.text()[-3000:]
     revision = clients.run_revisions(target).get_revision(
         name=f"{target.location_path}/services/e2e-mount-wait-{n}/revisions/{report.serving_revision}"

@@ -261,6 +261,32 @@ def test_metrics_the_stand_in_exports_are_the_engines(both):
         assert les == engine_buckets.get(name), f"{name}: stand-in {les}, engine {engine_buckets.get(name)}"
 
 
+# The Accept header run-gmp-sidecar's receiver sends (Prometheus 2.54.1's acceptHeader for DefaultScrapeProtocols).
+RECEIVER_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+def test_metrics_answer_the_gmp_collectors_accept_as_the_engine_does(both):
+    """GET /metrics is the instrumentator's route (the text format, whatever is asked); /metrics/ is
+    prometheus_client's make_asgi_app, which negotiates: the same Content-Type from both, for the collector's Accept
+    and for none."""
+
+    def answers(url: str) -> list[tuple[str, str]]:
+        got = []
+        for path in ("/metrics", "/metrics/"):
+            for accept in (RECEIVER_ACCEPT, None):
+                headers = {"Accept-Encoding": "identity", **({"Accept": accept} if accept else {})}
+                response = httpx.get(f"{url}{path}", headers=headers, timeout=30)
+                got.append((f"{path} {'collector' if accept else 'none'}", response.headers["content-type"]))
+        return got
+
+    seen = each(both, answers)
+    assert seen["stand-in"] == seen["engine"]
+    assert dict(seen["engine"])["/metrics collector"].startswith("text/plain")
+
+
 def stream_events(url: str, body: dict) -> list[object]:
     events = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=300) as response:

@@ -173,6 +173,20 @@ def test_memory_quota_message_matches_cloud_run(sb, services, sandbox_target):
     )
 
 
+def test_no_gpu_quota_is_refused_in_cloud_runs_words_with_where_to_request_it(sb, services, sandbox_target):
+    """A project whose L4 quota without zonal redundancy is 0: gcloud run deploy's words (PrositAS/
+    eskadra-bielik-misja1's README), the request link included, not the "Max instances must be set to 0" of a quota
+    too small."""
+    with sandbox_settings(sb, gpu_quota={**sb.configure()["gpu_quota"], "nvidia-l4": 0}):
+        message = rejected(services, sandbox_target, gpu_service("w", max_instances=1))
+    assert message.endswith(
+        "spec.template.metadata.annotations[autoscaling.knative.dev/maxScale]: You do not have quota for using GPUs "
+        "without zonal redundancy. Learn more about GPU zonal redundancy: g.co/cloudrun/gpu-redundancy-help\n\n"
+        "To request quota: g.co/cloudrun/gpu-quota"
+    )
+    assert "Max instances must be set" not in message
+
+
 def test_cpu_and_memory_both_short_are_both_named_and_the_smallest_fit_wins(sb, services, sandbox_target):
     """#1856: 3 instances of 20 vCPU / 80 GiB on 20 vCPU / 40 GiB: CPU would allow 1, memory 0."""
     before = sb.configure()

@@ -246,6 +246,35 @@ def test_the_jobs_client_sees_the_same_jobs(sandbox_target, locations, parent):
     assert got.template.template.timeout.total_seconds() == 600  # Cloud Run's default task timeout
 
 
+def test_the_run_operation_fails_with_the_failed_tasks_message_and_returns_a_success(sandbox_target, locations, parent):
+    """What ``run_job(...).result()`` callers see (apache/airflow's CloudRunExecuteJobOperator waits this way): a failed
+    execution fails the operation (google.rpc.Status 13, the task's message), a successful one returns the Execution,
+    and a cancelled one completes it without an error (airflow PR 67050)."""
+    client = run_v2.JobsClient(
+        transport="rest",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": sandbox_target.endpoint("run")},
+    )
+    polling = clients.operation_polling(sandbox_target)
+    failing = client.run_job(name=create(locations, parent, python_job("import sys; sys.exit(2)")))
+    with pytest.raises(exceptions.InternalServerError) as caught:
+        failing.result(timeout=300, polling=polling)
+    execution = locations.jobs().executions().get(name=failing.metadata.name).execute()
+    short = execution["name"].rsplit("/", 1)[1]
+    assert caught.value.message == (
+        f"Task {short}-task0 failed with exit code: 2 and message: The container exited with an error."
+    )
+    assert caught.value.message == completed(execution)["message"]
+    succeeded = client.run_job(name=create(locations, parent, python_job("print('fine')"))).result(
+        timeout=300, polling=polling
+    )
+    assert succeeded.succeeded_count == 1 and succeeded.completion_time
+    sleeping = client.run_job(name=create(locations, parent, python_job("import time; time.sleep(600)")))
+    locations.jobs().executions().cancel(name=sleeping.metadata.name, body={}).execute()
+    cancelled = sleeping.result(timeout=300, polling=polling)
+    assert cancelled.cancelled_count == 1 and not cancelled.succeeded_count
+
+
 def keyed_account(sandbox, sandbox_target, name: str) -> tuple[str, service_account.Credentials, dict]:
     """A new service account with a key from IAM's keys.create: its email, credentials, and the key file."""
     from tasks.infra import ensure

@@ -239,6 +239,69 @@ def test_histograms_become_distributions_with_explicit_buckets(sandbox_target, w
     assert "le" not in series["metric"]["labels"]
 
 
+# The Accept header run-gmp-sidecar's receiver sends (Prometheus 2.54.1's acceptHeader for DefaultScrapeProtocols).
+RECEIVER_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+def test_vllms_metrics_answer_the_collectors_accept_in_the_text_format_and_only_the_mount_negotiates(writer):
+    """GET /metrics is vLLM's instrumentator route: the text format whatever is asked, which is why the collector's
+    series keep their ``_total`` names. Under /metrics/ prometheus_client's make_asgi_app negotiates
+    (choose_encoder): OpenMetrics for the collector's Accept, the text format 0.0.4 by default, gzip on request."""
+    with httpx.Client(headers=bearer(writer.url), timeout=30) as caller:
+        fixed = caller.get(f"{writer.url}/metrics", headers={"Accept": RECEIVER_ACCEPT})
+        asked = caller.get(f"{writer.url}/metrics/", headers={"Accept": RECEIVER_ACCEPT, "Accept-Encoding": "gzip"})
+        plain = caller.get(f"{writer.url}/metrics/", headers={"Accept-Encoding": "identity"})
+    assert fixed.status_code == asked.status_code == plain.status_code == 200
+    assert fixed.headers["content-type"] == "text/plain; version=1.0.0; charset=utf-8"
+    assert "# TYPE vllm:generation_tokens_total counter" in fixed.text and "# EOF" not in fixed.text
+    assert asked.headers["content-type"] == (
+        "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"
+    )
+    assert asked.headers["content-encoding"] == "gzip" and asked.text.endswith("# EOF\n")
+    # prometheus_client 0.26 writes a colon name's OpenMetrics samples with underscores, under the colon TYPE line.
+    assert "# TYPE vllm:generation_tokens counter" in asked.text and "\nvllm_generation_tokens_total{" in asked.text
+    assert plain.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "content-encoding" not in plain.headers and "# TYPE vllm:generation_tokens_total counter" in plain.text
+
+
+def test_the_collector_reads_openmetrics_by_its_content_type_as_the_receiver_groups_it():
+    """A target answering OpenMetrics: its counter and histogram land under the same names and values as from the
+    text format; its ``_created`` samples start the points (a histogram's) or become a 0 counter (a counter's, the
+    receiver's family lookup), where the text format's ``_created`` are gauges. A body that is not what its
+    Content-Type says fails the scrape."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client import generate_latest as text_format
+    from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+    from sandbox.control.run.gmp_sidecar import ExpositionError, parse_exposition, time_series
+
+    registry = CollectorRegistry()
+    Counter("requests", "Requests.", ["code"], registry=registry).labels(code="200").inc(3)
+    Histogram("latency_seconds", "Latency.", buckets=(0.5, 1.0), registry=registry).observe(0.7)
+    at = time.time() + 60
+
+    def written(body: bytes, content_type: str) -> dict[str, tuple]:
+        series = time_series(parse_exposition(body.decode(), content_type), {}, {}, at - 30, at)
+        return {
+            s.metric_type.removeprefix("prometheus.googleapis.com/"): (s.point.value, s.point.start) for s in series
+        }
+
+    text = written(text_format(registry), "text/plain; version=0.0.4; charset=utf-8")
+    om = written(generate_latest(registry), CONTENT_TYPE_LATEST)
+    for name in ("requests_total/counter", "latency_seconds/histogram"):
+        assert om[name][0] == text[name][0], name
+    assert text["requests_total/counter"][1] == at - 30  # the text format: from the series' start
+    created = om["requests_created/counter"]
+    assert created[0] == 0.0 and created[1] < at - 30  # the counter's _created, made when the registry was
+    assert abs(om["latency_seconds/histogram"][1] - created[1]) < 5  # the histogram's own _created, as early
+    assert "requests_created/gauge" in text and "requests_created/gauge" not in om
+    with pytest.raises(ExpositionError, match="not OpenMetrics"):
+        parse_exposition(text_format(registry).decode(), CONTENT_TYPE_LATEST)  # no "# EOF"
+
+
 def test_the_collector_starts_after_the_ingress_probe_and_scrapes_on_its_schedule(sandbox, writer):
     status = poll(lambda: collector_status(sandbox, writer.revision), lambda s: s.get("writes", 0) >= 3)
     assert status["writes"] >= 3 and status["failed_scrapes"] == 0 and status["failed_writes"] == 0, status

@@ -8,7 +8,15 @@ import pytest
 from google.api_core import exceptions as gexc
 
 from tasks.deploy.cloudrun import GPU_RELEASE_DEADLINE_S, REVISION_NAMES
-from tasks.infra.propagation import DEADLINE_S, is_not_visible_yet, note_grant, redeploy_pauses, unreadable_on_new_grant
+from tasks.infra.propagation import (
+    DEADLINE_S,
+    is_not_visible_yet,
+    names_bucket,
+    note_grant,
+    propagating_bucket_grant,
+    redeploy_pauses,
+    unreadable_on_new_grant,
+)
 
 EMAIL = "hf-cloudrun-build@acme-ml-prod.iam.gserviceaccount.com"
 
@@ -87,28 +95,43 @@ SECRET_DENIED = (
     "account used must be granted the 'Secret Manager Secret Accessor' role (roles/secretmanager.secretAccessor) at "
     "the secret, project or higher level."
 )
-# gcsfuse's mount of the weights bucket, in the revision's log tail (SetUpBucket lists the bucket).
+# gcsfuse v3's mount of the weights bucket, in the revision's log tail (GetStorageLayout: gcsfuse v3.11.2's words,
+# which name the bucket but neither the account nor the permission).
 MOUNT_DENIED = (
     "revision r-1 of s did not become ready: Revision 'r-1' is not ready and cannot serve traffic. The user-provided "
-    "container failed the configured startup probe checks.\ncontainer log (last lines):\nmountWithArgs: "
-    "mountWithStorageHandle: fs.NewServer: create file system: SetUpBucket: Error in iterating through objects: "
-    "googleapi: Error 403: {email} does not have storage.objects.list access to the Google Cloud Storage bucket. "
-    "Permission 'storage.objects.list' denied on resource (or it may not exist)., forbidden"
+    "container failed the configured startup probe checks.\ncontainer log (last lines):\nError: "
+    "mountWithStorageHandle: fs.NewServer: create file system: SetUpBucket: BucketHandle: storageLayout call failed: "
+    'GetStorageLayout for "projects/_/buckets/acme-weights/storageLayout" failed: InvocationID: 0f2c, Attempt: 1, '
+    "with error: rpc error: code = PermissionDenied desc = The caller does not have permission"
 )
 
 
-@pytest.mark.parametrize(
-    ("failure", "unreadable"),
-    [(SECRET_DENIED, "its secret"), (MOUNT_DENIED, "the weights bucket"),
-     ("revision r-1 of s did not become ready: ...\ncontainer log (last lines):\nOSError: no model here", None)],
-)  # fmt: skip
-def test_a_revision_failing_on_a_grant_of_this_run_is_deployed_again_and_no_other(failure, unreadable):
-    email = f"serving-{len(failure)}@acme-ml-prod.iam.gserviceaccount.com"
-    assert unreadable_on_new_grant(failure.format(email=email), email) is None  # no grant of this run yet
+def test_a_revision_failing_on_a_secret_grant_of_this_run_is_deployed_again_and_no_other():
+    email = "serving-secret@acme-ml-prod.iam.gserviceaccount.com"
+    failure = SECRET_DENIED.format(email=email)
+    assert unreadable_on_new_grant(failure, email) is None  # no grant of this run yet
     note_grant(email)
-    assert unreadable_on_new_grant(failure.format(email=email), email) == unreadable
-    # Another account's refusal is not this revision's propagation.
-    assert unreadable_on_new_grant(failure.format(email="other@x.iam.gserviceaccount.com"), email) is None
+    assert unreadable_on_new_grant(failure, email) == "its secret"
+    # Another account's refusal is not this revision's propagation, nor is any other failure.
+    assert unreadable_on_new_grant(SECRET_DENIED.format(email="other@x.iam.gserviceaccount.com"), email) is None
+    assert unreadable_on_new_grant(MOUNT_DENIED, email) is None
+
+
+def test_a_mount_is_waited_on_for_this_runs_own_grant_of_the_bucket_whatever_gcsfuse_says():
+    """The wait is keyed on what the run did (its grant of the mounted bucket, within the deadline), not on gcsfuse's
+    words: v3's refusal names neither the account nor storage.objects.list."""
+    email = "serving-mount@acme-ml-prod.iam.gserviceaccount.com"
+    assert propagating_bucket_grant(email, ["acme-weights"]) is None  # no grant of this run yet
+    note_grant(email)  # a grant elsewhere (its secret) is not one of the bucket
+    assert propagating_bucket_grant(email, ["acme-weights"]) is None
+    note_grant(email, "acme-weights")
+    bucket, age = propagating_bucket_grant(email, ["other-bucket", "acme-weights"])
+    assert bucket == "acme-weights" and 0 <= age < DEADLINE_S
+    assert propagating_bucket_grant("other@x.iam.gserviceaccount.com", ["acme-weights"]) is None
+    assert propagating_bucket_grant(email, ["other-bucket"]) is None  # a revision mounting another bucket
+    assert names_bucket(MOUNT_DENIED, "acme-weights")
+    assert not names_bucket(MOUNT_DENIED, "acme") and not names_bucket(MOUNT_DENIED, "acme-weights-2")
+    assert not names_bucket("container log (last lines):\nOSError: no model here", "acme-weights")
 
 
 def test_the_redeploys_of_a_propagating_grant_reach_the_deadline_before_the_revision_names_run_out():

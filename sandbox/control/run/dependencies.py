@@ -3,10 +3,12 @@
 Admission checks (image, service account, VPC) fail the request with 400 as Cloud Run does; secrets are
 resolved when an instance starts, and a service account without access fails the revision
 (SECRETS_ACCESS_CHECK_FAILED), with the message Cloud Run gives; a Cloud Storage volume whose bucket the account
-cannot list never mounts (``unmountable_volume``).
+cannot list never mounts (``unmountable_volume``: gcsfuse v3's GetStorageLayout failure).
 """
 
 from __future__ import annotations
+
+import uuid
 
 from google.cloud import run_v2
 
@@ -137,22 +139,33 @@ def container_env(ctx: ControlContext, container: run_v2.Container, service_acco
 def unmountable_volume(ctx: ControlContext, mounts: list[dict], service_account: str) -> str | None:
     """gcsfuse's error for the first Cloud Storage volume the revision's account cannot mount, else None.
 
-    gcsfuse lists the bucket when it mounts it (SetUpBucket: "Error in iterating through objects", gcsfuse's
-    internal/storage/bucket_handle.go and its SetUpBucket tests), so a bucket the account cannot list fails the
-    mount, and the instance never starts (GoogleCloudPlatform/ai-on-gke issue 488 shows the chain on GKE's gcsfuse
-    sidecar). The account's grant counts once it has propagated (sandbox.authz.propagation), so a revision deployed
-    right after its account was granted the bucket fails too. Cloud Storage's 403 words are DataBiosphere/terra-cli's
-    MountHandlerTest's. Unconfirmed: that Cloud Run copies gcsfuse's error into the revision's log (its own words
-    for a failed mount are not public).
+    Cloud Run mounts Cloud Storage volumes with gcsfuse v3 (3.11.2 in 2026: a Cloud Run mount failure quoted in
+    sunholo-data/ailang's design notes, CSI driver gcsfuse.run.googleapis.com). Its mount no longer lists the bucket
+    (pre-v3's "SetUpBucket: Error in iterating through objects: ... does not have storage.objects.list access"): it
+    first asks the Storage Control API for the bucket's layout, and that call fails the mount. At v3.11.2:
+    ``internal/storage/storage_handle.go`` (``BucketHandle``: "storageLayout call failed: %s"; ``getStorageLayout``
+    names ``projects/_/buckets/B/storageLayout``), ``internal/storage/storageutil/retry.go`` (the retry wrapper's
+    "%s for %q failed: InvocationID: %s, Attempt: %d, with error: %w"; a PermissionDenied is not retried,
+    ``custom_retry.go``), wrapped by ``internal/gcsx/bucket_manager.go`` ("BucketHandle: "), ``internal/fs/fs.go``
+    ("SetUpBucket: "), ``internal/fs/server.go`` ("create file system: "), ``cmd/mount.go`` ("fs.NewServer: ") and
+    ``cmd/legacy_main.go`` ("mountWithStorageHandle: "), printed by cobra as "Error: <err>" (``cmd/root.go`` leaves
+    SilenceErrors unset; the Cloud Run log line quoted begins "Error: mountWithStorageHandle: fs.NewServer: ...").
+    GetStorageLayout needs storage.objects.list on the bucket (Cloud Storage docs, "Get the storage layout"), so
+    the check is that permission. Unconfirmed: the gRPC status text (``desc``) Cloud Storage gives, here the
+    generic PERMISSION_DENIED "The caller does not have permission": it names neither the account nor the
+    permission. Nothing retries it (v3.11.2's hidden ``enable-mount-retries``, "IAM propagation delays ... Intended
+    specifically for the GKE GCSFuse CSI Driver", defaults to false and is not wired yet). The account's grant counts
+    once it has propagated (sandbox.authz.propagation), so a revision deployed right after its account was granted
+    the bucket fails too.
     """
     for mount in mounts:
         bucket = mount["bucket"]
         if not has_permission(ctx, f"serviceAccount:{service_account}", "storage.objects.list",
                               f"projects/_/buckets/{bucket}"):  # fmt: skip
             return (
-                "mountWithArgs: mountWithStorageHandle: fs.NewServer: create file system: SetUpBucket: Error in "
-                f"iterating through objects: googleapi: Error 403: {service_account} does not have "
-                "storage.objects.list access to the Google Cloud Storage bucket. Permission 'storage.objects.list' "
-                "denied on resource (or it may not exist)., forbidden"
+                "Error: mountWithStorageHandle: fs.NewServer: create file system: SetUpBucket: BucketHandle: "
+                "storageLayout call failed: GetStorageLayout for "
+                f'"projects/_/buckets/{bucket}/storageLayout" failed: InvocationID: {uuid.uuid4()}, Attempt: 1, with '
+                "error: rpc error: code = PermissionDenied desc = The caller does not have permission"
             )
     return None

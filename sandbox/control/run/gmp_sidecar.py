@@ -29,15 +29,21 @@ in the Monitoring stand-in (monitoring/store.py). A CUMULATIVE point spans from 
 start: the collector's start-time fallback, the receiver being set with ``use_collector_start_time_fallback``) to
 the scrape.
 
-The ``<base>_created`` gauge families prometheus_client prints after each counter and histogram (vLLM's /metrics)
-are ordinary gauges in the text format, and are written as ``/gauge`` series like any other.
+The scrape asks as the receiver does (``ACCEPT``: OpenMetrics first, the text format 0.0.4 last) and parses what the
+target answers by its Content-Type, as Prometheus picks its parser (``model/textparse/interface.go`` ``New``:
+``application/openmetrics-text`` -> the OpenMetrics parser, anything else -> the text one). vLLM's GET /metrics
+answers the text format whatever it is asked (sandbox/vllm/metrics.py). In the text format the ``<base>_created``
+gauge families prometheus_client prints after each counter and histogram are ordinary gauges, written as
+``/gauge`` series like any other. In OpenMetrics a ``_created`` sample belongs to its family: a histogram's gives
+its points their start; a counter's, looked up under the ``_total`` sample's family name and not found, becomes a
+counter of its own, valued 0, starting then (the receiver's ``internal/transaction.go`` getOrCreateMetricFamily,
+``metadata.go`` metadataForMetric and ``metricfamily.go`` addSeries; our reading of that code).
 
 Left out (not needed by the product, or not known well enough): custom RunMonitoring configs, summaries (``_sum``,
 ``_count`` and quantile series), the receiver's own ``up``/``scrape_*`` series, the sidecar's self metrics, target
-labels from OpenMetrics exemplars or ``# UNIT``, and Monitoring's one-point-per-5-s limit. The scrape asks for the
-Prometheus text format 0.0.4 only (no OpenMetrics negotiation). The collector's log lines are written in its
-console format, with the OpenTelemetry collector's messages ("Failed to scrape Prometheus endpoint", "Exporting
-failed. Dropping data.") and the API's error text; their exact fields are ours.
+labels from OpenMetrics exemplars or ``# UNIT``, and Monitoring's one-point-per-5-s limit. The collector's log
+lines are written in its console format, with the OpenTelemetry collector's messages ("Failed to scrape Prometheus
+endpoint", "Exporting failed. Dropping data.") and the API's error text; their exact fields are ours.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from google.cloud import run_v2
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from sandbox.control.errors import GoogleApiError
@@ -81,20 +88,39 @@ HEALTH_PORT = 13133  # the collector's own liveness endpoint (run-gmp-sidecar en
 CONFIG_DIR = "/etc/rungmp"
 # A scrape's timeout defaults to its interval (config.go); real seconds are not shrunk below this on a busy host.
 MIN_REAL_SCRAPE_TIMEOUT_S = 5.0
-ACCEPT = "text/plain;version=0.0.4"
+# The receiver's Accept header: run-gmp-sidecar's scrape config proposes Prometheus' DefaultScrapeProtocols
+# (confgenerator/config.go; testdata/builtin/golden/otel.yaml: OpenMetricsText1.0.0, OpenMetricsText0.0.1,
+# PrometheusText0.0.4) and its Prometheus (go.mod: github.com/googleCloudPlatform/prometheus 522fcab662ec, VERSION
+# 2.54.1) writes them as scrape/scrape.go acceptHeader does, q from len(ScrapeProtocolsHeaders) + 1 = 5 down
+# (config/config.go), then */*. enable_compression is false: "identity" (acceptEncodingHeader).
+ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+ACCEPT_ENCODING = "identity"
+OPENMETRICS = "application/openmetrics-text"
 # Prometheus' honor_labels: false: a scraped label that the target labels also set is kept as exported_<name>
 # (Prometheus configuration docs, scrape_config).
 TARGET_LABELS = ("job", "instance")
 
 
-# The Prometheus text format (0.0.4) -------------------------------------------------------------------------------
+# The Prometheus text format and OpenMetrics ------------------------------------------------------------------------
 class ExpositionError(ValueError):
-    """The scraped body is not the Prometheus text format; the whole scrape fails, as Prometheus' parser fails it."""
+    """The scraped body is not in the format it says; the whole scrape fails, as Prometheus' parser fails it."""
 
 
-def parse_exposition(text: str) -> list[Metric]:
-    """The families of a Prometheus text-format body, samples in order and values as floats, read by
-    prometheus_client's parser; a body it refuses fails the whole scrape (ExpositionError)."""
+def parse_exposition(text: str, content_type: str = "") -> list[Metric]:
+    """The families of a scraped body, samples in order and values as floats, read by prometheus_client's parser for
+    its Content-Type (OpenMetrics, else the text format: module docstring); a body it refuses fails the whole scrape
+    (ExpositionError)."""
+    if content_type.split(";")[0].strip().lower() == OPENMETRICS:
+        try:
+            families = list(openmetrics_families(text))
+        except ValueError as exc:
+            raise ExpositionError(f"not OpenMetrics: {exc}") from None
+        for family in families:
+            family.samples = [sample._replace(value=float(sample.value)) for sample in family.samples]
+        return families
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as exc:
@@ -139,22 +165,26 @@ def time_series(
     start = min(series_start, at - 1e-3)  # a CUMULATIVE point's start must precede its end
     written: list[TimeSeriesWrite] = []
 
-    def add(name: str, suffix: str, kind: str, value_type: str, labels: dict[str, str], value: Any) -> None:
-        point = Point(start if kind == "CUMULATIVE" else at, at, value)
+    def add(name: str, suffix: str, kind: str, value_type: str, labels: dict[str, str], value: Any,
+            created: float | None = None) -> None:  # fmt: skip
+        begins = start if created is None else min(created, at - 1e-3)  # an OpenMetrics _created: its own start
+        point = Point(begins if kind == "CUMULATIVE" else at, at, value)
         written.append(TimeSeriesWrite(f"{PROMETHEUS_PREFIX}{name}/{suffix}", _metric_labels(labels, target_labels),
                                        PROMETHEUS_RESOURCE_TYPE, dict(resource), kind, value_type, point))  # fmt: skip
 
     for family in families:
         if family.type == "histogram":
-            for labels, dist in _histograms(family).items():
-                add(family.name, "histogram", "CUMULATIVE", "DISTRIBUTION", dict(labels), dist)
+            for labels, (dist, created) in _histograms(family).items():
+                add(family.name, "histogram", "CUMULATIVE", "DISTRIBUTION", dict(labels), dist, created)
             continue
         if family.type == "summary":
             continue
         for sample in family.samples:
             if not math.isfinite(sample.value):
                 continue
-            if family.type == "counter":
+            if family.type == "counter" and sample.name == f"{family.name}_created":  # OpenMetrics (docstring)
+                add(sample.name, "counter", "CUMULATIVE", "DOUBLE", sample.labels, 0.0, sample.value)
+            elif family.type == "counter":
                 add(sample.name, "counter", "CUMULATIVE", "DOUBLE", sample.labels, sample.value)
             else:
                 add(sample.name, "gauge" if family.type == "gauge" else "unknown", "GAUGE", "DOUBLE", sample.labels,
@@ -162,12 +192,16 @@ def time_series(
     return written
 
 
-def _histograms(family: Metric) -> dict[tuple, ExplicitDistribution]:
-    """One distribution per label set: Prometheus' cumulative ``le`` buckets made per-bucket counts."""
+def _histograms(family: Metric) -> dict[tuple, tuple[ExplicitDistribution, float | None]]:
+    """One distribution per label set: Prometheus' cumulative ``le`` buckets made per-bucket counts; with the
+    OpenMetrics ``_created`` of that set, if any."""
     parts: dict[tuple, dict[str, Any]] = {}
     for sample in family.samples:
         key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
-        part = parts.setdefault(key, {"buckets": {}, "sum": 0.0, "count": None})
+        part = parts.setdefault(key, {"buckets": {}, "sum": 0.0, "count": None, "created": None})
+        if sample.name == f"{family.name}_created":
+            part["created"] = sample.value
+            continue
         if sample.name == f"{family.name}_bucket" and "le" in sample.labels:
             try:
                 part["buckets"][float(sample.labels["le"])] = sample.value
@@ -189,7 +223,7 @@ def _histograms(family: Metric) -> dict[tuple, ExplicitDistribution]:
             counts.append(max(round(buckets[bound] - below), 0))
             below = max(buckets[bound], below)
         counts.append(max(round(count - below), 0))  # the overflow bucket
-        found[key] = ExplicitDistribution(int(count), part["sum"], tuple(bounds), tuple(counts))
+        found[key] = (ExplicitDistribution(int(count), part["sum"], tuple(bounds), tuple(counts)), part["created"])
     return found
 
 
@@ -243,7 +277,7 @@ class GmpSidecar:
         self.started_at: float | None = None  # real epoch seconds
         self.stopped = False
         self.scrapes = 0  # attempted, the shut-down one included
-        self.failed_scrapes = 0  # nothing answered on 8080/metrics, or not in the text format
+        self.failed_scrapes = 0  # nothing answered on 8080/metrics, or not in the format it said
         self.writes = 0  # timeSeries.create calls that succeeded
         self.failed_writes = 0  # ... that the API refused (permission, disabled API)
         self.points_written = 0
@@ -292,10 +326,12 @@ class GmpSidecar:
                 raise httpx.ConnectError(f"dial tcp 0.0.0.0:{SCRAPE_PORT}: connect: connection refused")
             assert self._client is not None
             timeout = max(SCRAPE_INTERVAL_S * self.time_scale, MIN_REAL_SCRAPE_TIMEOUT_S)
-            response = await self._client.get(f"{url}{SCRAPE_PATH}", headers={"Accept": ACCEPT}, timeout=timeout)
+            response = await self._client.get(
+                f"{url}{SCRAPE_PATH}", headers={"Accept": ACCEPT, "Accept-Encoding": ACCEPT_ENCODING}, timeout=timeout
+            )
             if response.status_code != 200:
                 raise ExpositionError(f"server returned HTTP status {response.status_code} {response.reason_phrase}")
-            families = parse_exposition(response.text)
+            families = parse_exposition(response.text, response.headers.get("content-type", ""))
             series = self._series(families, at)
         except (httpx.HTTPError, ExpositionError) as exc:
             self.failed_scrapes += 1

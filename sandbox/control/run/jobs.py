@@ -13,7 +13,9 @@ Running a job makes an execution of ``taskCount`` tasks, at most ``parallelism``
   ``terminalCondition`` Ready, ``latestCreatedExecution`` (present, ``{}`` before the first run), ``etag`` and a
   string ``generation``; jobs.run's Operation ``metadata.name``; an execution's ``parallelism``, ``taskCount``,
   ``logUri`` and ``etag`` (all read as required keys), ``completionTime`` and then a ``Completed`` condition.
-- Condition texts: see ``completed_condition``.
+- Condition texts: see ``completed_condition``. The jobs.run operation ends with the execution: its Execution as
+  ``response`` when it succeeded or was cancelled, ``error`` (code 13, the failed task's message) when it failed
+  (``_finish``).
 
 The job's identity: every task gets a metadata server of its own that answers as the job's service account (its
 access tokens act as that account in every sandbox API), so a flow run in a job is refused what the account is not
@@ -639,6 +641,14 @@ class CloudRunJobs:
                 else status.EXECUTION_SUCCEEDED
             )
             record.job.etag = res.etag_of(record.job)
+        if failure and reason != Reason.CANCELLED:
+            # A failed execution fails its jobs.run operation: ``error`` (google.rpc.Status), no ``response``, as
+            # operation.result() callers see it (apache/airflow's CloudRunExecuteJobOperator fails on it; its
+            # deferrable trigger reads only operation.error, and a cancel is the case that "completes the LRO
+            # without populating operation.error": airflow PR 67050, issue 57791). Code 13 INTERNAL with the
+            # failed task's message (issue 35's source audit; the code is not in Google's public docs).
+            self.run._finish(ex.operation, error=GoogleApiError(500, failure, "INTERNAL"))
+            return
         self.run._finish(ex.operation, execution)
 
     async def _stop(self, ex: ExecutionRecord) -> None:

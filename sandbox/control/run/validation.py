@@ -567,6 +567,14 @@ def _check_gpu_and_capacity(service: run_v2.Service, region: str, config: Sandbo
             )
         if template.gpu_zonal_redundancy_disabled:
             quota = config.gpu_quota.get(accelerator, 0)
+            if quota == 0:
+                # gcloud run deploy on a project without the quota, as printed in PrositAS/eskadra-bielik-misja1's
+                # README (176f6530, --no-gpu-zonal-redundancy in europe-west1).
+                raise invalid_argument(
+                    f"{MAX_SCALE_FIELD}: You do not have quota for using GPUs without zonal redundancy. Learn more "
+                    "about GPU zonal redundancy: g.co/cloudrun/gpu-redundancy-help\n\nTo request quota: "
+                    "g.co/cloudrun/gpu-quota"
+                )
         else:
             quota = config.zonal_redundancy_gpu_quota
             if quota == 0:
