@@ -18,6 +18,7 @@ LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 PRINCIPAL = re.compile(r"^(user|serviceAccount|group|domain|principal|principalSet):\S+$")
 ENDPOINT = re.compile(r"^https?://[^/\s]+/?$")
+GLOBAL = "global"  # the one Cloud Build location that is not a region
 
 
 class ApiEndpoints(BaseModel):
@@ -96,6 +97,15 @@ class GcpTarget(Block):
         "and write build logs in the bucket and push to the repository (new projects' default build identity has no "
         "rights there).",
     )
+    build_region: str = Field(
+        "global",
+        description="Cloud Build location the image builds run in: 'global' (Cloud Build's global default pool, "
+        "which every project may use) or a region such as 'us-central1'. The images still go to the Artifact "
+        "Registry repository in `region`. Cloud Build restricts some projects, new ones among them, to a few "
+        "regions (us-central1, us-west2, europe-west1, asia-east1, australia-southeast1, southamerica-east1) and "
+        "refuses builds elsewhere ('due to quota restrictions, cannot run builds in this region'); set a region only "
+        "when the project may build there (doctor's 'Cloud Build region' row says).",
+    )
     hf_token_secret: str = Field(
         "hf-token",
         description="Secret Manager secret holding the Hub token when something needs it at run time "
@@ -157,6 +167,16 @@ class GcpTarget(Block):
     def _region(cls, value: str) -> str:
         if not REGION.match(value):
             raise ValueError(f"region '{value}' is not a GCP region name such as 'us-central1' (a zone is not)")
+        return value
+
+    @field_validator("build_region")
+    @classmethod
+    def _build_region(cls, value: str) -> str:
+        if value != GLOBAL and not REGION.match(value):
+            raise ValueError(
+                f"build_region '{value}' is not a Cloud Build location: use 'global' or a region such as "
+                "'us-central1' (a zone is not)"
+            )
         return value
 
     @field_validator("bucket", "build_bucket")
@@ -290,6 +310,12 @@ class GcpTarget(Block):
     @property
     def location_path(self) -> str:
         return f"projects/{self.project}/locations/{self.region}"
+
+    @property
+    def build_location_path(self) -> str:
+        """Where builds are created, read and listed: ``projects/P/locations/{build_region}`` (the regional path
+        serves 'global' too: Cloud Build's builds.create reference lists global among its locations)."""
+        return f"projects/{self.project}/locations/{self.build_region}"
 
     def endpoint(self, api: str) -> str | None:
         """The configured base URL of ``api`` (a field of ApiEndpoints), or None for Google's default."""

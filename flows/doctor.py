@@ -82,6 +82,12 @@ def doctor_check_quotas(target: GcpTarget, profile: ServingProfile) -> list[Chec
     return checks.check_quotas(target, profile)
 
 
+@task(name="doctor_check_build_region")
+def doctor_check_build_region(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """Cloud Build may build in the target's build_region (a new project's restriction to a few regions)."""
+    return [checks.check_build_region(target, profile)]
+
+
 @task(name="doctor_check_org_policies")
 def doctor_check_org_policies(target: GcpTarget, profile: ServingProfile) -> list[Check]:
     """Organisation policies that would refuse the bucket, service, ingress, egress or invokers."""
@@ -110,6 +116,7 @@ CHECK_TASKS = [
     doctor_check_metric_writer,
     doctor_check_gpu_region,
     doctor_check_quotas,
+    doctor_check_build_region,
     doctor_check_subnet,
     doctor_check_org_policies,
     doctor_check_build_identity,

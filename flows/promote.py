@@ -27,6 +27,7 @@ from flows.doctor import check_project
 from flows.replace import Stopped, deliver_in_place, resume_after_failed_replace, stop_for_replace
 from flows.service_lock import ServiceLock
 from tasks.checks import act_as
+from tasks.checks.build_region import check_build_region
 from tasks.checks.findings import Finding, error
 from tasks.checks.in_use import check_room
 from tasks.checks.preflight import (
@@ -386,8 +387,8 @@ def _preflight(
     dry_run: bool,
 ) -> list[Need]:  # fmt: skip
     """What would fail later, refused before any cloud write: the profile's findings, a runtime token there is none
-    of, a canary with no watch, the region's quotas and the candidate's GPU beside the serving revision's. Returns
-    the quota figures judged by."""
+    of, a canary with no watch, the region's quotas, a build region Cloud Build will not build in, and the
+    candidate's GPU beside the serving revision's. Returns the quota figures judged by."""
     report.findings = raise_on_errors(
         _with_quota_refusal(check_profile(profile, target, report.service), target, profile)
     )
@@ -399,6 +400,7 @@ def _preflight(
             "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
         )
     needs = check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at deploy
+    check_build_region(target, profile)  # a build_region Cloud Build restricts the project from (reads only)
     if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
         report.findings += raise_on_errors(_candidate_quota(target, profile, report.service, delivery, needs))
     return needs

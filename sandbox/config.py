@@ -147,6 +147,54 @@ class SandboxConfig(BaseModel):
         "Cloud Run): IAM is eventually consistent (Google's IAM docs, 'Access change propagation': typically "
         "within 2 minutes, up to 7): the typical figure (1.2 s real at the default clock)",
     )
+    build_restricted_regions: list[str] = Field(
+        default_factory=lambda: [
+            "africa-south1",
+            "asia-east2",
+            "asia-northeast1",
+            "asia-northeast2",
+            "asia-northeast3",
+            "asia-south1",
+            "asia-south2",
+            "asia-southeast1",
+            "asia-southeast2",
+            "australia-southeast2",
+            "europe-central2",
+            "europe-north1",
+            "europe-north2",
+            "europe-southwest1",
+            "europe-west2",
+            "europe-west3",
+            "europe-west4",
+            "europe-west6",
+            "europe-west8",
+            "europe-west9",
+            "europe-west10",
+            "europe-west12",
+            "me-central1",
+            "me-central2",
+            "me-west1",
+            "northamerica-northeast1",
+            "northamerica-northeast2",
+            "northamerica-south1",
+            "southamerica-west1",
+            "us-east1",
+            "us-east4",
+            "us-east5",
+            "us-south1",
+            "us-west1",
+            "us-west3",
+            "us-west4",
+        ],
+        description="regions where the project may not run Cloud Build's regional builds: builds.create there "
+        "answers 400 FAILED_PRECONDITION 'failed precondition: due to quota restrictions, cannot run builds in this "
+        "region. Please contact support' (google-github-actions/deploy-cloudrun#480, europe-west2), and Service "
+        "Usage shows the region's 'Concurrent Build CPUs (Regional Default Pool)' quota at 0. Default: every Cloud "
+        "Build region but the six that Cloud Build's locations page ('Restricted regions for some projects') says "
+        "restricted projects keep (us-central1, us-west2, europe-west1, asia-east1, australia-southeast1, "
+        "southamerica-east1), so the sandbox region us-central1 builds, europe-west4 does not; the global location "
+        "is never restricted. [] for a project without the restriction",
+    )
 
 
 # The settings a running sandbox takes (POST /_sandbox/config): the rest (project, ports, engine, seeding) are read
@@ -169,6 +217,7 @@ RUNTIME_SETTINGS = (
     "serverless_ip_hold_seconds",
     "prometheus_ingest_delay_seconds",
     "job_start_seconds",
+    "build_restricted_regions",
 )
 
 

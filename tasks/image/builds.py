@@ -4,7 +4,8 @@ A build that ends INTERNAL_ERROR, or FAILURE with the compiler killed, is the bu
 (lesson 7: E2_HIGHCPU_32 has 32 GB for 32 compile jobs): it is tried again with half the jobs. Any other
 failure fails at once with the build's log URL, its last 40 lines and the fix when it is a known one. The
 build's status is always read back: INTERNAL_ERROR can arrive as a returned Build or as an exception
-(FACTS.md).
+(FACTS.md). Builds run in the target's ``build_region`` ('global' by default): a region Cloud Build restricts the
+project from is refused at create, and that refusal names the setting and its fixes (``restricted_region``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 from google.api_core import exceptions as gexc
 from google.api_core.operation import Operation
@@ -52,6 +54,16 @@ KNOWN_FIXES = {
     "name unknown": "create the Artifact Registry repository first (the ensure-infra step does)",
 }
 SHA = re.compile(r"^[0-9a-f]{40}$")
+# What Cloud Build answers (400 FAILED_PRECONDITION) a project it restricts to a few regions when a build is created
+# in another: "failed precondition: due to quota restrictions, cannot run builds in this region. Please contact
+# support" (google-github-actions/deploy-cloudrun#480), in later reports "..., see https://cloud.google.com/build/
+# docs/locations#restricted_regions_for_some_projects" or "... Cloud Build cannot run builds in this region": the
+# part they share. The regions such a project keeps: Cloud Build locations, "Restricted regions for some projects".
+RESTRICTED_REGION = "cannot run builds in this region"
+UNRESTRICTED_REGIONS = ("us-central1", "us-west2", "europe-west1", "asia-east1", "australia-southeast1",
+                        "southamerica-east1")  # fmt: skip
+BUILD_CPU_METRIC = "cloudbuild.googleapis.com/concurrent_public_pool_build_cpus"
+BUILD_CPU_TITLE = "Concurrent Build CPUs (Regional Default Pool)"
 
 
 class BuildAttempt(BaseModel):
@@ -169,7 +181,7 @@ class _StillBuilding(Exception):
 def _attempt_build_id(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget, marker: str) -> str | None:
     """The build carrying this attempt's tag, if the create whose answer was lost did create it."""
     request = cloudbuild_v1.ListBuildsRequest(
-        project_id=target.project, parent=target.location_path, filter=f'tags="{marker}"'
+        project_id=target.project, parent=target.build_location_path, filter=f'tags="{marker}"'
     )  # parent selects the build's region, as on create
     found = client.list_builds(request=request, retry=GCP_RETRY)
     return next((b.id for b in found), None)
@@ -177,7 +189,7 @@ def _attempt_build_id(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget,
 
 def _wait_for_build(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget, build_id: str, timeout: float) -> None:
     """Wait for a build known by id only (its operation was lost with the create's answer)."""
-    name = f"{target.location_path}/builds/{build_id}"
+    name = f"{target.build_location_path}/builds/{build_id}"
 
     def poll() -> None:
         if client.get_build(name=name, retry=GCP_RETRY).status in RUNNING:
@@ -193,7 +205,7 @@ def _create_build(client: cloudbuild_v1.CloudBuildClient, target: GcpTarget, req
     email = request.service_account.rsplit("/", 1)[-1]
 
     def create() -> Operation:
-        return client.create_build(parent=target.location_path, build=request, retry=CREATE_RETRY)
+        return client.create_build(parent=target.build_location_path, build=request, retry=CREATE_RETRY)
 
     return when_visible(create, email, "Cloud Build") if email else create()
 
@@ -210,10 +222,12 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
     request.tags.append(marker)
     timeout = build.timeout_seconds + 600
     with gcp_errors("cloudbuild", "roles/cloudbuild.builds.editor", f"building {plan.tagged}", target):
-        # parent alone selects the regional endpoint (FACTS.md); the build runs in the service's region.
+        # parent alone selects the location (FACTS.md): the target's build_region, 'global' by default.
         try:
             operation = _create_build(client, target, request)
-        except gexc.BadRequest as exc:
+        except (gexc.BadRequest, gexc.FailedPrecondition) as exc:
+            if RESTRICTED_REGION in exc.message:
+                raise ImageBuildError(f"building {plan.tagged} was refused: {restricted_region(target)}") from None
             fix = _identity_fix(plan, request.service_account, exc.message)
             if fix is None:
                 raise
@@ -222,7 +236,7 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
             build_id = _attempt_build_id(client, target, marker)
             if build_id is not None:
                 _wait_for_build(client, target, build_id, timeout)
-                return client.get_build(name=f"{target.location_path}/builds/{build_id}", retry=GCP_RETRY)
+                return client.get_build(name=f"{target.build_location_path}/builds/{build_id}", retry=GCP_RETRY)
             operation = _create_build(client, target, request)
         build_id = operation.metadata.build.id
         try:
@@ -230,7 +244,30 @@ def run_build(target: GcpTarget, build: ImageBuild, plan: BuildPlan, max_jobs: i
             build_id = finished.id
         except gexc.GoogleAPICallError:
             pass  # a failed build; its status is read back below, whichever way the failure arrived
-        return client.get_build(name=f"{target.location_path}/builds/{build_id}", retry=GCP_RETRY)
+        return client.get_build(name=f"{target.build_location_path}/builds/{build_id}", retry=GCP_RETRY)
+
+
+def restricted_region(target: GcpTarget) -> str:
+    """Why Cloud Build refuses to build in the target's ``build_region``, and the fixes: what preflight and a refused
+    build say (Cloud Build's words, then the setting)."""
+    region = target.build_region
+    return (
+        f"Cloud Build may not run builds in {region} for project {target.project} (FAILED_PRECONDITION 'due to quota "
+        f"restrictions, cannot run builds in this region'): Cloud Build restricts some projects, new ones among them, "
+        f"to {', '.join(UNRESTRICTED_REGIONS)}; such a project's '{BUILD_CPU_TITLE}' quota is 0 in the others. Fix: "
+        + build_region_fix(target)
+    )
+
+
+def build_region_fix(target: GcpTarget) -> str:
+    """The fixes of a restricted ``build_region``: the setting first (no request to wait for), then the quota."""
+    console = f"https://console.cloud.google.com/iam-admin/quotas?project={target.project}&metric="
+    return (
+        f"set the target's build_region to 'global' (the default: Cloud Build's global default pool, open to every "
+        f"project; the image still goes to the repository in {target.region}) or to one of "
+        f"{', '.join(UNRESTRICTED_REGIONS)}; or ask Google for {BUILD_CPU_TITLE} above 0 in {target.build_region} "
+        f"({BUILD_CPU_METRIC}, {console}{quote(BUILD_CPU_METRIC)})"
+    )
 
 
 def _is_oom(status: Status, tail: str) -> bool:

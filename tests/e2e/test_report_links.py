@@ -63,7 +63,7 @@ def _artifacts(state) -> dict[str, tuple[str, str]]:
 
 
 def _build(target, build_id: str):
-    return clients.cloud_build(target).get_build(name=f"{target.location_path}/builds/{build_id}")
+    return clients.cloud_build(target).get_build(name=f"{target.build_location_path}/builds/{build_id}")
 
 
 def test_a_built_promotion_links_the_console_and_the_build_log(sb, flow_env, build_profile, build_outcomes):
@@ -73,6 +73,8 @@ def test_a_built_promotion_links_the_console_and_the_build_log(sb, flow_env, bui
     assert state.is_completed(), state.message
     built = _build(flow_env, state.result().image.attempts[-1].build_id)
     assert built.status.name == "SUCCESS" and built.log_url
+    # On the target's defaults the build ran in Cloud Build's global location, which a new project may use.
+    assert built.name == f"projects/{flow_env.project}/locations/global/builds/{built.id}"
     artifacts = _artifacts(state)
     console = (
         f"https://console.cloud.google.com/run/detail/{flow_env.region}/{service}/revisions?project={flow_env.project}"

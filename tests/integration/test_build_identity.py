@@ -70,7 +70,7 @@ def app(tmp_path: Path) -> ImageBuild:
 
 
 def finished_build(target: GcpTarget, build_id: str) -> cb.Build:
-    return clients.cloud_build(target).get_build(name=f"{target.location_path}/builds/{build_id}")
+    return clients.cloud_build(target).get_build(name=f"{target.build_location_path}/builds/{build_id}")
 
 
 def test_a_build_as_the_dedicated_identity_succeeds(target, app):
@@ -164,9 +164,9 @@ def test_object_roles_on_the_logs_bucket_are_refused_at_create_and_storage_admin
         options=cb.BuildOptions(logging=cb.BuildOptions.LoggingMode.GCS_ONLY),
     )
     with pytest.raises(exceptions.BadRequest) as refused:
-        clients.cloud_build(target).create_build(parent=target.location_path, build=raw)
+        clients.cloud_build(target).create_build(parent=target.build_location_path, build=raw)
     assert refused.value.code == 400 and refused.value.message.endswith(refusal)
-    listed = cb.ListBuildsRequest(project_id=target.project, parent=target.location_path)
+    listed = cb.ListBuildsRequest(project_id=target.project, parent=target.build_location_path)
     builds = clients.cloud_build(target).list_builds(request=listed)
     assert not [b for b in builds if b.service_account.endswith(target.build_service_account_email)]  # none ran
 
@@ -198,9 +198,9 @@ def test_a_build_as_the_default_identity_of_a_new_project_cannot_read_its_source
     )
     default = f"{sb.configure()['project_number']}-compute@developer.gserviceaccount.com"
     with pytest.raises(exceptions.BadRequest, match=f'invalid bucket "{target.bucket_name}"; builder service account'):
-        clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+        clients.cloud_build(target).create_build(parent=target.build_location_path, build=request)
     request.logs_bucket = ""  # Cloud Build's own logs bucket: the source fetch is what fails then
-    operation = clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+    operation = clients.cloud_build(target).create_build(parent=target.build_location_path, build=request)
     with pytest.raises(exceptions.GoogleAPICallError):
         operation.result(polling=clients.operation_polling(target), timeout=60)
     build = finished_build(target, operation.metadata.build.id)
@@ -218,12 +218,12 @@ def test_a_build_with_its_own_account_and_no_logging_option_gets_the_real_400(ta
         service_account=build_identity.build_account_resource(target),
     )
     with pytest.raises(exceptions.BadRequest) as caught:
-        clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+        clients.cloud_build(target).create_build(parent=target.build_location_path, build=request)
     assert caught.value.message.endswith(
         "if 'build.service_account' is specified, the build must either (a) specify 'build.logs_bucket', (b) use the "
         "REGIONAL_USER_OWNED_BUCKET build.options.default_logs_bucket_behavior option, or (c) use either "
         "CLOUD_LOGGING_ONLY / NONE logging options"
     )
     request.options.logging = cb.BuildOptions.LoggingMode.CLOUD_LOGGING_ONLY  # an explicit choice is accepted
-    operation = clients.cloud_build(target).create_build(parent=target.location_path, build=request)
+    operation = clients.cloud_build(target).create_build(parent=target.build_location_path, build=request)
     assert operation.result(polling=clients.operation_polling(target), timeout=60).status == Status.SUCCESS

@@ -73,6 +73,7 @@ def test_a_local_folder_is_built_once_and_reused_the_second_time(sb, target, tmp
     build = ImageBuild(source_dir=str(folder(tmp_path)), image_name="app", max_jobs_ladder=[8, 4])
     first = build_image(target, build)
     assert not first.reused and [a.status for a in first.attempts] == ["SUCCESS"]
+    assert "/cloud-build/builds;region=global/" in first.attempts[0].log_url  # the default build_region
     assert first.image.startswith(
         f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}/app@sha256:"
     )
@@ -123,9 +124,29 @@ def test_a_503_on_creating_a_build_never_builds_twice(sb, target, tmp_path, acti
     assert [(a.max_jobs, a.status) for a in result.attempts] == [(32, "SUCCESS")]
     assert build_posts(sb, since) == posts  # submitted again only when the first create made nothing
     builds = clients.cloud_build(target).list_builds(
-        request={"project_id": target.project, "parent": target.location_path, "filter": f'tags="{name}"'}
+        request={"project_id": target.project, "parent": target.build_location_path, "filter": f'tags="{name}"'}
     )
     assert len(list(builds)) == 1  # one build ran for the attempt, whichever way the 503 came
+
+
+def test_a_build_region_cloud_build_restricts_fails_naming_the_setting_and_its_fixes(sb, target, tmp_path):
+    # europe-west4 is one of the regions the sandbox's new project may not build in (Cloud Build's restriction).
+    restricted = target.model_copy(update={"build_region": "europe-west4"})
+    build = ImageBuild(source_dir=str(folder(tmp_path, dockerfile="FROM python:3.12-slim\n")), image_name="eu")
+    with pytest.raises(ImageBuildError) as refused:
+        build_image(restricted, build)
+    message = str(refused.value)
+    assert "Cloud Build may not run builds in europe-west4" in message
+    assert "'due to quota restrictions, cannot run builds in this region'" in message
+    assert "set the target's build_region to 'global' (the default" in message
+    assert "us-central1, us-west2, europe-west1, asia-east1, australia-southeast1, southamerica-east1" in message
+    quotas = "https://console.cloud.google.com/iam-admin/quotas?project=sandbox-project&metric="
+    assert f"{quotas}cloudbuild.googleapis.com/concurrent_public_pool_build_cpus" in message  # the quota to ask for
+    listed = clients.cloud_build(target).list_builds(
+        request={"project_id": target.project, "parent": restricted.build_location_path}
+    )
+    assert list(listed) == []  # refused at create: no build, no attempt
+    assert build_image(target, build).attempts[0].status == "SUCCESS"  # the default, global, builds it
 
 
 def test_a_ladder_that_reaches_its_floor_fails_clearly(target, tmp_path):

@@ -57,7 +57,7 @@ def test_each_ladder_attempt_is_a_task_run(prefect_api, sandbox_target, tmp_path
     attempts = [m for m in lines if m.startswith("build attempt ")]
     assert len(attempts) == 3, lines
     builds = [
-        clients.cloud_build(target).get_build(name=f"{target.location_path}/builds/{a.build_id}")
+        clients.cloud_build(target).get_build(name=f"{target.build_location_path}/builds/{a.build_id}")
         for a in state.result().attempts
     ]
     outcomes = ["OOM -> next rung max_jobs=16", "OOM -> next rung max_jobs=8", "success"]

@@ -50,6 +50,7 @@ def all_checks(target: GcpTarget, profile: ServingProfile = L4) -> dict[str, che
             checks.check_act_as(target),
             checks.check_gpu_region(target, profile),
             *checks.check_quotas(target, profile),
+            checks.check_build_region(target, profile),
             *checks.check_org_policies(target),
             checks.check_build_identity(target, profile),
             checks.check_bucket(target),
@@ -251,6 +252,33 @@ def test_doctor_only_reads(sb, target, tmp_path):
         f"{r['method']} {r['path']}" for r in calls if r["method"] != "GET" and not r["path"].endswith(READ_VERBS)
     ]
     assert writes == []
+
+
+def test_the_build_region_row_reads_cloud_builds_regional_cpu_quota(sb, target, tmp_path):
+    building = ServingProfile.preset("l4", image=None, build=ImageBuild(source_dir=str(tmp_path), image_name="app"))
+    row = checks.check_build_region
+    since = sb.last_request_seq()
+    default = row(target, building)  # build_region: global, open to every project: nothing to read
+    assert default.status == "ok" and "global default pool" in default.detail
+    assert not [r for r in sb.requests(since=since) if "consumerQuotaMetrics" in r["path"]]
+    kept = row(target.model_copy(update={"build_region": "us-central1"}), building)
+    assert kept.status == "ok" and kept.detail == (
+        "Concurrent Build CPUs (Regional Default Pool) in us-central1 (build_region): 100 CPUs."
+    )
+    restricted = row(target.model_copy(update={"build_region": "europe-west4"}), building)
+    assert restricted.status == "fail"
+    assert restricted.line == (
+        "Concurrent Build CPUs (Regional Default Pool) is 0 in europe-west4 (build_region): Cloud Build refuses "
+        "builds there."
+    )
+    assert "FAILED_PRECONDITION 'due to quota restrictions, cannot run builds in this region'" in restricted.detail
+    assert restricted.fix.startswith("set the target's build_region to 'global' (the default")
+    assert "above 0 in europe-west4 (cloudbuild.googleapis.com/concurrent_public_pool_build_cpus" in restricted.fix
+    with sandbox_settings(sb, build_restricted_regions=[]):  # a project Cloud Build does not restrict
+        assert row(target.model_copy(update={"build_region": "europe-west4"}), building).status == "ok"
+    assert row(target.model_copy(update={"build_region": "europe-west4"}), L4).detail == (
+        "pinned image: nothing is built."
+    )
 
 
 def test_service_usage_and_org_policy_answer_as_google(sb, target):

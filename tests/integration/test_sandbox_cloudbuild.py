@@ -612,6 +612,30 @@ def test_a_regional_build_runs_through_the_shared_operation_store(
         builds.get_build(project_id=sandbox_target.project, id=result.id)
 
 
+def test_a_regional_build_where_the_project_is_restricted_is_refused_with_cloud_builds_text(
+    sb, builds, sandbox_target, polling, gcs, bucket, repo
+):
+    # The sandbox's defaults restrict the project as Cloud Build restricts some new ones: europe-west4 refuses the
+    # build at create; the global location (and us-central1, test above) runs the same request.
+    source = upload(gcs, bucket, {"Dockerfile": SIMPLE, "app.py": ""})
+    image = tag(repo)
+    request = docker_build(bucket, source, ["build", "-t", image, "."], [image], tags=["restricted-test"])
+    restricted = f"projects/{sandbox_target.project}/locations/europe-west4"
+    with pytest.raises(exceptions.BadRequest) as refused:
+        builds.create_build(parent=restricted, build=request)
+    assert refused.value.response.json()["error"] == {
+        "code": 400,
+        "message": "failed precondition: due to quota restrictions, cannot run builds in this region. Please contact "
+        "support",
+        "status": "FAILED_PRECONDITION",
+    }
+    assert list(builds.list_builds(request=cb.ListBuildsRequest(parent=restricted))) == []  # nothing was created
+    everywhere = f"projects/{sandbox_target.project}/locations/global"
+    result = builds.create_build(parent=everywhere, build=request).result(timeout=60, polling=polling)
+    assert result.status == Status.SUCCESS and result.name == f"{everywhere}/builds/{result.id}"
+    assert f"builds;region=global/{result.id}" in result.log_url and find_image(sb, image) is not None
+
+
 def test_list_filters_by_status(builds, sandbox_target, polling, gcs, bucket):
     source = upload(gcs, bucket, {"Dockerfile": "FROM python:3.12\nBAD line\n"})
     build, _ = run(builds, sandbox_target, polling, docker_build(bucket, source, ["build", "."], tags=["listed"]))

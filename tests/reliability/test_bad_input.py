@@ -154,6 +154,17 @@ def test_bucket_in_another_region_fails_before_any_write(sb, flow_env):
     assert "EUROPE-WEST4" in message.upper() and "us-central1" in message
 
 
+def test_a_build_region_cloud_build_restricts_fails_before_any_write(sb, flow_env, tmp_path):
+    # europe-west4: a region the sandbox's new project may not build in (Cloud Build's regional restriction).
+    (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\n")
+    profile = saved_profile("bi-build-eu", image=None, build={"source_dir": str(tmp_path), "image_name": "bi-eu"})
+    target = saved_target(flow_env, "bi-build-eu", build_region="europe-west4")
+    message = fails_cleanly(
+        sb, lambda: promote(target=target, profile=profile), "build_region", "set the target's build_region to 'global'"
+    )
+    assert "Cloud Build may not run builds in europe-west4" in message
+
+
 def test_build_source_without_a_dockerfile_dry_run(sb, flow_env, tmp_path):
     profile = saved_profile("bi-no-dockerfile", image=None, build={"source_dir": str(tmp_path)})
     fails_cleanly(sb, lambda: promote(profile=profile, dry_run=True), "build.dockerfile", "set dockerfile")

@@ -100,6 +100,9 @@ def test_target_defaults_follow_the_codelab_naming():
     assert target.subnet_range == "10.8.0.0/26"
     assert target.service_account_email == "vllm-serving@acme-ml-prod.iam.gserviceaccount.com"
     assert target.endpoint("run") is None  # Google's public endpoint
+    # Builds run in Cloud Build's global location, which a new project may use; images still go to europe-west4.
+    assert target.build_region == "global"
+    assert target.build_location_path == "projects/acme-ml-prod/locations/global"
 
 
 @pytest.mark.parametrize(
@@ -108,6 +111,7 @@ def test_target_defaults_follow_the_codelab_naming():
         ({"project": "Acme Prod"}, "project 'Acme Prod' is not a GCP project id"),
         ({"project": "123456789012"}, "is not a GCP project id"),
         ({"region": "us-central1-a"}, "region 'us-central1-a' is not a GCP region name"),
+        ({"build_region": "us-central1-a"}, "build_region 'us-central1-a' is not a Cloud Build location: use 'global'"),
         ({"bucket": "My_Bucket"}, "bucket 'My_Bucket' is not a valid bucket name"),
         ({"bucket": "google-models"}, "is not a valid bucket name"),
         ({"subnet_range": "10.8.0.0/28"}, "subnet_range '10.8.0.0/28' is too small"),

@@ -12,7 +12,8 @@ of a FAILURE build ends with error 2 ("Build failed; check build logs for detail
 cancelled one with 1; SUCCESS returns the Build. INTERNAL_ERROR arrives either way (FACTS.md): by default it
 alternates between an error 13 and a returned Build with that status, so callers must read the build's status
 back. ``get_build`` always shows the true status. The log is written to the logs bucket before the operation is
-marked done.
+marked done. A regional build in one of ``SandboxConfig.build_restricted_regions`` (by default every region a
+restricted project may not use) is refused at create with Cloud Build's 400 FAILED_PRECONDITION (RESTRICTED_REGION).
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ OPERATION_ERRORS = {
     Status.INTERNAL_ERROR: (13, "Build failed with an internal error; check build logs for details"),
 }
 STATUS_FOR_ERROR = {2: "UNKNOWN", 13: "INTERNAL"}  # what Operations.fail maps back to these codes
+# A project restricted to a few Cloud Build regions (SandboxConfig.build_restricted_regions) is refused a regional
+# build elsewhere at create, before the build is admitted: google-github-actions/deploy-cloudrun#480 (gcloud 455+ built
+# `run deploy --source` in europe-west2: "ERROR: (gcloud.run.deploy) FAILED_PRECONDITION: failed precondition: due to
+# quota restrictions, cannot run builds in this region. Please contact support"; gcloud prints the status, then the
+# message). Later reports end the same text with ", see https://cloud.google.com/build/docs/locations#restricted_
+# regions_for_some_projects" or say "Cloud Build cannot run builds in this region"; the product keys on the part all
+# share. FAILED_PRECONDITION is HTTP 400 in Google's mapping (google.rpc.Code), so google-api-core raises BadRequest.
+RESTRICTED_REGION = (
+    "failed precondition: due to quota restrictions, cannot run builds in this region. Please contact support"
+)
 # Output-only Build fields a client may echo back in a create request; the service decides them.
 # fmt: off
 OUTPUT_ONLY = (
@@ -258,6 +269,9 @@ class CloudBuild:
 
     async def _start(self, spec: cb.Build, location: str, regional: bool) -> operations_pb2.Operation:
         """Admit a build (or refuse it with 400), create its operation and start running it."""
+        if location in self.config.build_restricted_regions:
+            # Only a region can be restricted: the global location (legacy path or locations/global) always runs.
+            raise GoogleApiError(400, RESTRICTED_REGION, "FAILED_PRECONDITION")
         build = await self._admit(spec, location)
         record = BuildRecord(build=build, location=location, operation="", regional=regional, request=cb.Build(spec))
         if self.outcomes:

@@ -9,7 +9,8 @@ number, as the real API answers (``projects/123456789012/services/run.googleapis
 v1beta1 (serviceusage.v1beta1, ``services.consumerQuotaMetrics``): Cloud Run's vCPU, memory and GPU quota metrics
 with one quota bucket for the sandbox region and the default bucket, answered from ``SandboxConfig.cpu_quota``,
 ``memory_quota_gib``, ``gpu_quota`` (no zonal redundancy) and ``zonal_redundancy_gpu_quota``, in Google's units
-(milli-vCPU, bytes, GPUs or milli-GPUs: catalog.py). The Cloud Quotas API would serve the same numbers, but google-api-
+(milli-vCPU, bytes, GPUs or milli-GPUs: catalog.py). Cloud Build's regional default-pool CPU quota too, 0 in the
+restricted build regions (build_quota.py). The Cloud Quotas API would serve the same numbers, but google-api-
 python-client ships no discovery document for it, so the sandbox serves the documented Service Usage view instead.
 """
 
@@ -24,6 +25,7 @@ from starlette.routing import BaseRoute, Route
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument, not_found
 from sandbox.control.paging import offset_page
+from sandbox.control.serviceusage import build_quota
 from sandbox.control.serviceusage.catalog import (
     CPU_DISPLAY_NAME,
     CPU_METRIC,
@@ -119,7 +121,9 @@ class ServiceUsage:
     # v1beta1 consumer quota metrics ------------------------------------------------------------------------------
     def _gpu_metrics(self, service: str) -> list[dict]:
         """Cloud Run's regional quota metrics in the units Google keeps them in (catalog.py): milli-vCPU, bytes,
-        GPUs (milli-GPUs for the RTX Pro 6000)."""
+        GPUs (milli-GPUs for the RTX Pro 6000); for Cloud Build, its regional default-pool CPUs (build_quota.py)."""
+        if service == build_quota.SERVICE:
+            return [build_quota.build_cpu_metric(self.number, self.config.build_restricted_regions)]
         if service != "run.googleapis.com":
             return []
         metrics = [

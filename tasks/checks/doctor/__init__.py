@@ -6,9 +6,9 @@ that cannot read what it needs (an API that is itself disabled, a permission doc
 result instead of raising, so one run shows everything that stands in the way.
 
 The checks by area: ``access`` (the project, APIs, permissions, actAs, the metrics writer), ``capacity`` (the GPU in
-the region, the regional quotas), ``policies`` (organisation policies), ``resources`` (subnet, bucket, build
-identity); ``rows`` holds what they share (a row, its fix, the grants, a failed read as a row). flows/doctor.py runs
-them, each as its own task.
+the region, the regional quotas, Cloud Build's build region), ``policies`` (organisation policies), ``resources``
+(subnet, bucket, build identity); ``rows`` holds what they share (a row, its fix, the grants, a failed read as a row).
+flows/doctor.py runs them, each as its own task.
 """
 
 from tasks.checks.doctor.access import (
@@ -19,7 +19,7 @@ from tasks.checks.doctor.access import (
     check_permissions,
     check_project_access,
 )
-from tasks.checks.doctor.capacity import check_gpu_region, check_quotas
+from tasks.checks.doctor.capacity import check_build_region, check_gpu_region, check_quotas
 from tasks.checks.doctor.policies import check_org_policies, list_policy_allows, location_values
 from tasks.checks.doctor.resources import check_bucket, check_build_identity, check_subnet
 from tasks.checks.doctor.rows import (
@@ -40,6 +40,7 @@ __all__ = [
     "check_apis",
     "check_bucket",
     "check_build_identity",
+    "check_build_region",
     "check_doctor_permissions",
     "check_gpu_region",
     "check_metric_writer",

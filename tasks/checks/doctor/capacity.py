@@ -1,14 +1,15 @@
-"""doctor's checks of capacity: the region offers the profile's GPU, and Cloud Run's regional quotas hold its
+"""doctor's checks of capacity: the region offers the profile's GPU, Cloud Run's regional quotas hold its
 ``max_instances`` instances, by the same GPU quota figure preflight and scale-service judge by
-(tasks/checks/quotas.py)."""
+(tasks/checks/quotas.py), and Cloud Build may build in the target's ``build_region`` (tasks/checks/build_region.py)."""
 
 from __future__ import annotations
 
 from blocks.hardware import GPUS
 from blocks.profile import ServingProfile
-from blocks.target import GcpTarget
-from tasks.checks import quotas
+from blocks.target import GLOBAL, GcpTarget
+from tasks.checks import build_region, quotas
 from tasks.checks.doctor.rows import Check, enable_command, google_text, json_error, read_denied
+from tasks.image.builds import BUILD_CPU_METRIC, BUILD_CPU_TITLE, build_region_fix
 
 
 def check_gpu_region(target: GcpTarget, profile: ServingProfile) -> Check:
@@ -30,15 +31,21 @@ def _read_limit(target: GcpTarget, name: str, quota: quotas.Quota) -> float | Ch
     fix it (the API to enable, the role to grant)."""
     response = quotas.read_metric(target, quota.metric)
     if response.status_code != 200:
-        message, disabled = json_error(response)
-        if disabled:
-            return Check(name=name, status="fail", detail=f"{disabled} is not enabled, so this could not be checked.",
-                         fix=enable_command([disabled], target.project))  # fmt: skip
-        if response.status_code == 403:
-            return read_denied(name, target, message, "roles/serviceusage.serviceUsageViewer")
-        detail = f"could not read {quota.metric}: {response.status_code} {google_text(message)}"
-        return Check(name=name, status="warn", detail=detail)
+        return _unread(target, name, quota.metric, response)
     return quotas.in_units(quotas.effective_limit(response.json(), target.region), quota)
+
+
+def _unread(target: GcpTarget, name: str, metric: str, response) -> Check:
+    """The row of a quota Service Usage refused to read: the API to enable, the role to grant, or Google's words."""
+    message, disabled = json_error(response)
+    if disabled:
+        return Check(name=name, status="fail", detail=f"{disabled} is not enabled, so this could not be checked.",
+                     fix=enable_command([disabled], target.project))  # fmt: skip
+    if response.status_code == 403:
+        return read_denied(name, target, message, "roles/serviceusage.serviceUsageViewer")
+    return Check(
+        name=name, status="warn", detail=f"could not read {metric}: {response.status_code} {google_text(message)}"
+    )
 
 
 def _judged(target: GcpTarget, name: str, need: quotas.Need) -> Check:
@@ -96,3 +103,34 @@ def check_quotas(target: GcpTarget, profile: ServingProfile) -> list[Check]:
         row = _judged(target, name, quotas.Need(quota, per_instance, profile.max_instances, limit))
         rows.append(_read_gpu(row, profile, limit) if quota.unit == "GPU" else row)
     return rows
+
+
+def check_build_region(target: GcpTarget, profile: ServingProfile) -> Check:
+    """Cloud Build may build in the target's ``build_region``: 'global' always may; a region only when the project's
+    "Concurrent Build CPUs (Regional Default Pool)" quota there is above 0 (the read preflight makes,
+    tasks/checks/build_region.py): a project Cloud Build restricts has it at 0 outside its few regions."""
+    name = "Cloud Build region"
+    region = target.build_region
+    if not build_region.builds(profile):
+        return Check(name=name, status="ok", detail="pinned image: nothing is built.")
+    if region == GLOBAL:
+        return Check(name=name, status="ok", detail="builds run in Cloud Build's global default pool (build_region: "
+                     "global), which every project may use; the images go to the repository in "
+                     f"{target.region}.")  # fmt: skip
+    response = build_region.read_build_cpus(target)
+    if response.status_code != 200:
+        return _unread(target, name, BUILD_CPU_METRIC, response)
+    limit = build_region.build_cpus(response.json(), region)
+    if limit is None:
+        return Check(name=name, status="warn", detail=f"{BUILD_CPU_METRIC} has no limit for {region}: whether Cloud "
+                     "Build may build there is not known until a build runs.",
+                     fix="set the target's build_region to 'global' (the default)")  # fmt: skip
+    if limit == 0:
+        detail = (
+            f"{BUILD_CPU_TITLE} ({BUILD_CPU_METRIC}) is 0 in {region}: builds there are refused with "
+            "FAILED_PRECONDITION 'due to quota restrictions, cannot run builds in this region'."
+        )
+        summary = f"{BUILD_CPU_TITLE} is 0 in {region} (build_region): Cloud Build refuses builds there."
+        return Check(name=name, status="fail", detail=detail, fix=build_region_fix(target), summary=summary)
+    figure = "unlimited" if limit == float("inf") else f"{limit:g} CPUs"
+    return Check(name=name, status="ok", detail=f"{BUILD_CPU_TITLE} in {region} (build_region): {figure}.")
