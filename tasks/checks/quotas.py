@@ -237,10 +237,15 @@ def refusal(needs: list[Need], target: GcpTarget, field: str, why: str, outcome:
         f"set {field} to {fits} or fewer" if fits >= 1
         else "pick a profile whose instance fits (fewer vCPU or less memory)"
     )  # fmt: skip
+    # Cloud Run's words: for no GPU quota at all, gcloud's "You do not have quota for using GPUs without zonal
+    # redundancy" (PrositAS/eskadra-bielik-misja1's README); otherwise the maxScale refusal (#1856, #2311).
+    no_gpus = any(n.quota.unit == "GPU" and n.limit == 0 for n in short)
+    words = (
+        "You do not have quota for using GPUs ..." if no_gpus else f"Max instances must be set to {fits} or fewer ..."
+    )
     return (
-        f"{field}: {why} exceeds the region's Cloud Run quota: {parts}. {outcome} (\"Max instances must be set to "
-        f'{fits} or fewer ..."). Request {requests} for region {target.region} (a trial project cannot raise it), or '
-        f"{instead}"
+        f"{field}: {why} exceeds the region's Cloud Run quota: {parts}. {outcome} (\"{words}\"). Request {requests} "
+        f"for region {target.region} (a trial project cannot raise it), or {instead}"
     )
 
 

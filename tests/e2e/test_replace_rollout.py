@@ -3,8 +3,8 @@ revision, so zero-downtime is refused before anything is spent, naming the quota
 stops the serving revision first (manual scaling to 0, tasks/deploy/rollout.py), verifies the candidate on the freed GPU
 and moves all traffic to it, reporting the downtime it caused.
 
-The sandbox counts running instances' GPUs against the quota here (``runtime_gpu_quota``), as Cloud Run does ("About
-maximum instances": quotas are "accounted as a sum of all in-use resources in the region").
+The sandbox counts running instances' GPUs against the quota (``runtime_quota``, a new project's default), as Cloud Run
+does ("About maximum instances": quotas are "accounted as a sum of all in-use resources in the region").
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ _ids = itertools.count()
 
 
 @pytest.fixture
-def one_rtx_gpu(sb) -> Iterator[None]:
+def one_rtx_gpu(sb, raised_quota) -> Iterator[None]:
+    """One RTX Pro 6000 (a new project's), in a project whose vCPU and memory quotas were raised for its 20 vCPU and
+    80 GiB instance (a new project's 40 GiB holds none)."""
     before = sb.configure()
-    sb.run("POST", "/idle")  # instances other tests left idle hold no GPU any more, as after Cloud Run's idle time
-    sb.configure(runtime_gpu_quota=True, gpu_quota={**before["gpu_quota"], "nvidia-rtx-pro-6000": 1})
+    sb.configure(gpu_quota={**before["gpu_quota"], "nvidia-rtx-pro-6000": 1})
     yield
-    sb.configure(runtime_gpu_quota=before["runtime_gpu_quota"], gpu_quota=before["gpu_quota"])
+    sb.configure(gpu_quota=before["gpu_quota"])
 
 
 def running(sb, service: str) -> list[str]:

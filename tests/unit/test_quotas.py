@@ -70,3 +70,11 @@ def test_a_refusal_on_the_assumed_gpu_quota_says_it_was_assumed_and_how_to_give_
     assert "4 GPU for 4 instance(s) of 1 GPU; the project has 3 (a new project's default, assumed; give the " in message
     assert "Request NvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion of 4 GPU" in message
     assert message.endswith("or set max_instances to 3 or fewer")
+
+
+def test_no_gpu_quota_at_all_is_quoted_in_cloud_runs_words_for_it():
+    needs = [Need(gpu_quota("nvidia-l4", False), 1, 1, 0)]
+    message = refusal(needs, TARGET, "max_instances", "1 instance(s) with an L4")
+    assert message is not None and "You do not have quota for using GPUs" in message
+    assert "Max instances must be set to" not in message
+    assert "Request NvidiaL4GpuAllocNoZonalRedundancyPerProjectRegion of 1 GPU" in message
