@@ -128,6 +128,8 @@ class CloudRun:
         self.instances: dict[str, Instance] = {}  # by full revision name
         self.faults_for_new_services: dict[str, list[dict]] = {}  # by service id, for its first revisions
         self._starting: dict[str, asyncio.Task] = {}
+        # By revision: its instances that shut down by themselves (liveness probe, container exit), for the admin API.
+        self.restarts: dict[str, int] = {}
         self._releasing: list[tuple[str, float]] = []  # (accelerator, monotonic time its GPU is released)
         self._http: httpx.AsyncClient | None = None
         self.jobs = CloudRunJobs(self)  # jobs, executions and tasks (jobs.py); they share the operations here
@@ -625,6 +627,8 @@ class CloudRun:
             driver_cuda=DRIVERS[accelerator].cuda if accelerator else 0,
             container_port=container.ports[0].container_port if container.ports else res.DEFAULT_PORT,
             probe=res.startup_probe(container),
+            liveness=res.liveness_probe(container),
+            container_name=container.name,
             mounts=res.gcs_mounts(revision_template_view(revision), container),
             faults=faults,
             engine_venv=self.config.engine_venv if real_engine else None,
@@ -663,6 +667,7 @@ class CloudRun:
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
         instance = Instance(spec, workdir, self.gcs_url, self.config.time_scale)
+        instance.on_ended = lambda ended, _: self._instance_ended(record, revision, ended)
         previous = self.instances.get(revision.name)
         if previous is not None:  # a cold restart after a crash: the old instance's sidecars must not run on
             await previous.stop()
@@ -754,16 +759,41 @@ class CloudRun:
         revision = record.revisions.get(name)
         if not self._ready(revision):
             return None
-        task = self._starting.get(name)
-        if task is None:
-            task = asyncio.create_task(self._start_instance(record, revision, {}))
-            self._starting[name] = task
-            task.add_done_callback(lambda _: self._starting.pop(name, None))
+        task = self._cold_start(record, revision)
         try:
             outcome = await asyncio.shield(task)
         except RevisionStartError:
             return None  # e.g. its secret was revoked since: the front end answers 503
         return self.instances[name].url if outcome.ready else None
+
+    def _cold_start(self, record: ServiceRecord, revision: run_v2.Revision) -> asyncio.Task:
+        """A new instance of ``revision`` (no faults: those were its first instance's), one start at a time."""
+        name = revision.name
+        task = self._starting.get(name)
+        if task is None:
+            task = asyncio.create_task(self._start_instance(record, revision, {}))
+            self._starting[name] = task
+            task.add_done_callback(lambda done: self._started(name, done))
+        return task
+
+    def _started(self, name: str, task: asyncio.Task) -> None:
+        self._starting.pop(name, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: a start nobody awaited (a restart) fails quietly, as a cold start does
+
+    async def _instance_ended(self, record: ServiceRecord, revision: run_v2.Revision, instance: Instance) -> None:
+        """An instance shut down by itself: its liveness probe failed or its container exited (instances.py logged
+        Cloud Run's line). Cloud Run starts a new one in its place ("Liveness probes determine whether to restart a
+        container", "Configure container health checks") for a revision that still serves traffic; any other
+        revision starts one on its next request, as after a scale-in."""
+        name = revision.name
+        if self.instances.get(name) is not instance:
+            return  # already replaced or stopped
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        short = name.rsplit("/", 1)[1]
+        routed = record.service.name in self.services and short in self._routed(record)
+        if routed and short not in self._manually_stopped(record):
+            self._cold_start(record, revision)
 
     async def _stop_instance(self, revision_name: str) -> None:
         instance = self.instances.pop(revision_name, None)
@@ -872,7 +902,9 @@ class CloudRun:
 
     async def admin_instances(self, _: Request) -> JSONResponse:
         """Each revision's instance: its ingress process, when it started and passed its startup probe (real epoch
-        seconds), and its sidecars with their counters (gmp_sidecar.GmpSidecar.status: scrapes, writes, ...)."""
+        seconds), how many of the revision's instances shut down by themselves (a failed liveness probe, the
+        container's exit: ``restarts``), and its sidecars with their counters (gmp_sidecar.GmpSidecar.status:
+        scrapes, writes, ...)."""
         return JSONResponse(
             [
                 {
@@ -881,6 +913,7 @@ class CloudRun:
                     "url": i.url,
                     "started_at": i.started_at,
                     "ready_at": i.ready_at,
+                    "restarts": self.restarts.get(name, 0),
                     "sidecars": [s.status() for s in i.sidecars],
                 }
                 for name, i in self.instances.items()
