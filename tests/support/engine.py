@@ -57,3 +57,19 @@ def loaded_extensions(pid: int) -> set[str]:
         if EXTENSION.search(path):
             mapped.add(path)
     return mapped
+
+
+def engine_core_pid(api_server_pid: int) -> int | None:
+    """vLLM's EngineCore process under ``api_server_pid``: the child whose title is ``VLLM::EngineCore`` (AsyncLLM
+    always runs the engine core in a process of its own; vllm/v1/engine/core.py sets the title)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            title = (proc / "cmdline").read_text()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == api_server_pid and "EngineCore" in title:
+            return int(proc.name)
+    return None

@@ -39,6 +39,7 @@ def gpu_service(
     zonal_redundancy_disabled: bool = True,
     cpu_idle: bool = False,
     probe: run_v2.Probe | None = None,
+    liveness: run_v2.Probe | None = None,
     mount_path: str = "/mnt/models",
     only_dir: str = "models",
     env: dict[str, str] | None = None,
@@ -59,6 +60,7 @@ def gpu_service(
                 resources=run_v2.ResourceRequirements(limits=limits, cpu_idle=cpu_idle, startup_cpu_boost=True),
                 ports=[run_v2.ContainerPort(name="http1", container_port=8080)],
                 startup_probe=probe or health_probe(),
+                liveness_probe=liveness,
                 volume_mounts=[run_v2.VolumeMount(name="models", mount_path=mount_path)],
             )
         ],

@@ -136,6 +136,8 @@ class CloudRun:
         self._last_active: dict[str, float] = {}  # by full revision name: monotonic time of its last request
         self._in_flight: dict[str, int] = {}  # by full revision name: requests its instance is answering
         self._reaper: asyncio.Task | None = None
+        # By revision: its instances that shut down by themselves (liveness probe, container exit), for the admin API.
+        self.restarts: dict[str, int] = {}
         self._http: httpx.AsyncClient | None = None
         self.jobs = CloudRunJobs(self)  # jobs, executions and tasks (jobs.py); they share the operations here
 
@@ -580,6 +582,9 @@ class CloudRun:
         for short in self._manually_stopped(record) | idle:
             await self._stop_instance(f"{record.service.name}/revisions/{short}")
 
+    def _routed(self, record: ServiceRecord) -> set[str]:
+        return {r for r, pct in record.routes if pct} | set(record.tag_routes.values())
+
     # Idle instances ---------------------------------------------------------------------------------------
     def _kept_warm(self, record: ServiceRecord, name: str) -> bool:
         """Whether a minimum keeps the revision ``name``'s instance up. Cloud Run docs, "Set minimum instances for
@@ -679,6 +684,8 @@ class CloudRun:
             driver_cuda=DRIVERS[accelerator].cuda if accelerator else 0,
             container_port=container.ports[0].container_port if container.ports else res.DEFAULT_PORT,
             probe=res.startup_probe(container),
+            liveness=res.liveness_probe(container),
+            container_name=container.name,
             mounts=res.gcs_mounts(revision_template_view(revision), container),
             faults=faults,
             engine_venv=self.config.engine_venv if real_engine else None,
@@ -718,6 +725,7 @@ class CloudRun:
         shutil.rmtree(workdir / "root", ignore_errors=True)
         workdir.mkdir(parents=True, exist_ok=True)
         instance = Instance(spec, workdir, self.gcs_url, self.config.time_scale)
+        instance.on_ended = lambda ended, _: self._instance_ended(record, revision, ended)
         previous = self.instances.get(revision.name)
         # Registered before any wait, so that a start beside it counts what this one holds.
         self.instances[revision.name] = instance
@@ -809,11 +817,7 @@ class CloudRun:
         revision = record.revisions.get(name)
         if not self._ready(revision):
             return None
-        task = self._starting.get(name)
-        if task is None:
-            task = asyncio.create_task(self._start_instance(record, revision, {}))
-            self._starting[name] = task
-            task.add_done_callback(lambda _: self._starting.pop(name, None))
+        task = self._cold_start(record, revision)
         try:
             outcome = await asyncio.shield(task)
         except RevisionStartError:
@@ -822,6 +826,35 @@ class CloudRun:
             return None
         self.request_started(name)
         return self.instances[name].url
+
+    def _cold_start(self, record: ServiceRecord, revision: run_v2.Revision) -> asyncio.Task:
+        """A new instance of ``revision`` (no faults: those were its first instance's), one start at a time."""
+        name = revision.name
+        task = self._starting.get(name)
+        if task is None:
+            task = asyncio.create_task(self._start_instance(record, revision, {}))
+            self._starting[name] = task
+            task.add_done_callback(lambda done: self._started(name, done))
+        return task
+
+    def _started(self, name: str, task: asyncio.Task) -> None:
+        self._starting.pop(name, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: a start nobody awaited (a restart) fails quietly, as a cold start does
+
+    async def _instance_ended(self, record: ServiceRecord, revision: run_v2.Revision, instance: Instance) -> None:
+        """An instance shut down by itself: its liveness probe failed or its container exited (instances.py logged
+        Cloud Run's line). Cloud Run starts a new one in its place ("Liveness probes determine whether to restart a
+        container", "Configure container health checks") for a revision that still serves traffic; any other
+        revision starts one on its next request, as after a scale-in."""
+        name = revision.name
+        if self.instances.get(name) is not instance:
+            return  # already replaced or stopped
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        short = name.rsplit("/", 1)[1]
+        routed = record.service.name in self.services and short in self._routed(record)
+        if routed and short not in self._manually_stopped(record):
+            self._cold_start(record, revision)
 
     async def _stop_instance(self, revision_name: str) -> None:
         instance = self.instances.pop(revision_name, None)
@@ -920,7 +953,9 @@ class CloudRun:
 
     async def admin_instances(self, _: Request) -> JSONResponse:
         """Each revision's instance: its ingress process, when it started and passed its startup probe (real epoch
-        seconds), and its sidecars with their counters (gmp_sidecar.GmpSidecar.status: scrapes, writes, ...)."""
+        seconds), how many of the revision's instances shut down by themselves (a failed liveness probe, the
+        container's exit: ``restarts``), and its sidecars with their counters (gmp_sidecar.GmpSidecar.status:
+        scrapes, writes, ...)."""
         return JSONResponse(
             [
                 {
@@ -929,6 +964,7 @@ class CloudRun:
                     "url": i.url,
                     "started_at": i.started_at,
                     "ready_at": i.ready_at,
+                    "restarts": self.restarts.get(name, 0),
                     "sidecars": [s.status() for s in i.sidecars],
                 }
                 for name, i in self.instances.items()

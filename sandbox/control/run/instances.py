@@ -1,4 +1,4 @@
-"""Revision instances: the container launched as a local process, and Cloud Run's startup probe applied to it.
+"""Revision instances: the container launched as a local process, and Cloud Run's startup and liveness probes.
 
 The container is the vLLM stand-in (``python -m sandbox.vllm ARGS``, contract in sandbox/vllm). Its container
 port is mapped to a free loopback port; the probe and the front ends reach it there. Probe timing follows
@@ -20,6 +20,24 @@ profiles and starts in real seconds, so its probe runs on the wall clock, unscal
 window is the revision's own (initial delay + period x threshold: 245 s and more for the cpu preset) against a real
 start of about 30 s here, so a busy host has minutes of margin; its probe timeout is the configured one.
 
+Once started, an instance is watched until it stops: Cloud Run's liveness probe, when the ingress container has one,
+and the container's own exit. The liveness probe starts after the startup probe passed ("When you configure a startup
+probe, liveness checks are disabled until the startup probe determines that the container is started", Cloud Run docs,
+"Configure container health checks") and counts misses in a row (a miss: no 2xx/3xx answer within the timeout, for an
+HTTP probe); at ``failureThreshold`` misses Cloud Run shuts the instance down and logs, at severity ERROR,
+``LIVENESS HTTP probe failed 3 times consecutively for container "NAME" on port 8080 path "/health". The instance has
+been shut down.`` (Cloud Run's line as public reports quote it: find_string "LIVENESS HTTP probe failed" in the
+reference corpus, e.g. "... for container agent on port 8080 path /livez ... instance has been shut down"; the
+wording of its STARTUP sibling, "STARTUP HTTP probe failed 3 times consecutively for container "..." on port 8080
+path "/health/ready". The instance was not started.", gives the quoting). A container that exits after its start
+ends the instance too, logged as Cloud Run logs it (``exit_line``). Either way the launcher's owner
+(api.py) is told and starts a new instance for a revision that serves traffic. For the stand-in the probe follows
+the container's clock, which runs with the host's once it listens (``SimClock.idle``): a scaled period and timeout,
+but never below ``LIVENESS_MIN_REAL_PERIOD_S`` / ``LIVENESS_MIN_REAL_TIMEOUT_S`` of real time, so that a test
+session's instances are not probed many times a real second, and a host busy with other work cannot make a healthy
+stand-in miss three probes in a row (a dead engine answers 503 at once: only a hang waits the timeout out). The
+real engine's probe runs on the wall clock with the configured figures, as Cloud Run's does.
+
 An instance with sidecars (several containers) is this process, the ingress container, plus the sidecars the sandbox
 emulates in-process (``sidecars``: so far the GMP collector, gmp_sidecar.py); api.py starts them in dependsOn order,
 and ``stop`` stops them before the ingress container, so a sidecar's last act (the collector's shut-down scrape)
@@ -37,6 +55,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -54,7 +73,19 @@ CLOCK_POLL_S = 0.01
 REAL_ENGINE_POLL_S = 0.1
 # Real seconds a container may take beyond its window when its clock does not move (it never published one).
 STALLED_CONTAINER_S = 120.0
+# Real-time floors of the stand-in's liveness probe (see the module docstring).
+LIVENESS_MIN_REAL_PERIOD_S = 0.5
+LIVENESS_MIN_REAL_TIMEOUT_S = 5.0
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
+
+
+def exit_line(code: int | None) -> str:
+    """Cloud Run's system log line for a container that ended: "Container called exit(1)." for an exit code,
+    "Container terminated on signal 9." for a signal (both at WARNING in run.googleapis.com/varlog/system, as public
+    reports quote them: find_string in the reference corpus)."""
+    if code is not None and code < 0:
+        return f"Container terminated on signal {-code}."
+    return f"Container called exit({code})."
 
 
 @dataclass(frozen=True)
@@ -103,6 +134,8 @@ class InstanceSpec:
     # Where the container reaches Cloud Storage, when not the storage backend itself (egress.py: a black hole for
     # all-traffic egress through a subnet without Private Google Access).
     storage_url: str | None = None
+    liveness: ProbeSpec | None = None  # the ingress container's liveness probe, if it has one
+    container_name: str = ""  # the ingress container's name, as Cloud Run's probe log lines give it
 
     @property
     def real_engine(self) -> bool:
@@ -142,6 +175,11 @@ class Instance:
         self.sidecars: list[Sidecar] = []
         self.started_at: float | None = None  # real epoch seconds: the ingress container was launched
         self.ready_at: float | None = None  # real epoch seconds: its startup probe passed
+        # Called once when the instance shuts down by itself (a failed liveness probe, the container's exit), with
+        # Cloud Run's log line for it; not when it is stopped (scale-in, deletion).
+        self.on_ended: Callable[[Instance, str], Awaitable[None]] | None = None
+        self._watch: asyncio.Task | None = None
+        self._launched = 0.0  # the event loop's time when the ingress container was launched
 
     @property
     def running(self) -> bool:
@@ -195,6 +233,7 @@ class Instance:
         (self.workdir / "root").mkdir(parents=True, exist_ok=True)
         self.clock_path.unlink(missing_ok=True)  # a restarted instance starts its clock again
         self.started_at = time.time()
+        self._launched = asyncio.get_running_loop().time()
         if self.spec.real_engine:
             self.scratch = Path(tempfile.mkdtemp(prefix="sbx-engine-"))
             (self.scratch / "home").mkdir()
@@ -218,6 +257,7 @@ class Instance:
         outcome = await self._probe_until_started()
         if outcome.ready:
             self.ready_at = time.time()
+            self._watch = asyncio.create_task(self._watch_running())
         return outcome
 
     async def _probe_until_started(self) -> StartOutcome:
@@ -264,8 +304,53 @@ class Instance:
             return False
         return True
 
-    async def _probe_once(self, probe: ProbeSpec, client: httpx.AsyncClient) -> bool:
-        timeout = max(probe.timeout_s * self.time_scale, MIN_REAL_PROBE_TIMEOUT_S)
+    async def _watch_running(self) -> None:
+        """Until the instance ends by itself: then log why, shut it down (sidecars too) and tell ``on_ended``."""
+        why = await self._until_ended()
+        with self.log_path.open("a") as log:
+            log.write(why + "\n")
+        self._watch = None  # from here on, stop() must not cancel this task: it is what stops the instance
+        await self.stop()
+        if self.on_ended is not None:
+            await self.on_ended(self, why)
+
+    async def _until_ended(self) -> str:
+        """Cloud Run's line for how the running instance ended: its liveness probe failed, or its container exited."""
+        assert self.process is not None
+        probe = self.spec.liveness
+        if probe is None:
+            return exit_line(await self.process.wait())
+        loop = asyncio.get_running_loop()
+        real = self.spec.real_engine
+        period = max(probe.period_s * self.time_scale, 0.0 if real else LIVENESS_MIN_REAL_PERIOD_S)
+        floor = MIN_REAL_PROBE_TIMEOUT_S if real else LIVENESS_MIN_REAL_TIMEOUT_S
+        # The initial delay counts from the container's start; liveness never begins before the startup probe passed.
+        due, misses = max(loop.time(), self._launched + probe.initial_delay_s * self.time_scale), 0
+        async with httpx.AsyncClient() as client:
+            while True:
+                if await self._exited_within(max(due - loop.time(), 0.0)):
+                    return exit_line(self._exit_code())
+                passed = await self._probe_once(probe, client, floor)
+                if self._exit_code() is not None:
+                    return exit_line(self._exit_code())
+                misses = 0 if passed else misses + 1
+                if misses >= probe.failure_threshold:
+                    return self._liveness_line(probe, misses)
+                due = max(due + period, loop.time())
+
+    def _liveness_line(self, probe: ProbeSpec, misses: int) -> str:
+        times = "1 time" if misses == 1 else f"{misses} times"
+        where = f'on port {probe.port} path "{probe.path}"' if probe.kind == "http" else f"on port {probe.port}"
+        name = self.spec.container_name
+        return (
+            f'LIVENESS {probe.kind.upper()} probe failed {times} consecutively for container "{name}" {where}. '
+            "The instance has been shut down."
+        )
+
+    async def _probe_once(
+        self, probe: ProbeSpec, client: httpx.AsyncClient, min_timeout_s: float = MIN_REAL_PROBE_TIMEOUT_S
+    ) -> bool:
+        timeout = max(probe.timeout_s * self.time_scale, min_timeout_s)
         port = self.host_port if probe.port == self.spec.container_port else None
         if port is None:
             # Nothing is mapped for that port: the probe can never connect (like probing a closed port).
@@ -301,6 +386,11 @@ class Instance:
 
     async def stop(self) -> None:
         """SIGTERM, as Cloud Run stops instances, then SIGKILL after a grace period; sidecars first."""
+        watch, self._watch = self._watch, None
+        if watch is not None:  # stopped from outside: no liveness verdict, no exit to report
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         try:
             try:
                 await self.stop_sidecars()

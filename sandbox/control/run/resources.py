@@ -147,7 +147,18 @@ def startup_probe(container: run_v2.Container) -> ProbeSpec:
             timeout_s=DEFAULT_PROBE["timeout_seconds"],
             failure_threshold=DEFAULT_PROBE["failure_threshold"],
         )
-    probe = container.startup_probe
+    return _probe_spec(container.startup_probe, port)
+
+
+def liveness_probe(container: run_v2.Container) -> ProbeSpec | None:
+    """The container's liveness probe, with the API's defaults (period 10, timeout 1, threshold 3); None without one
+    (Cloud Run's only default probe is the TCP startup probe: "Configure container health checks")."""
+    if not has_field(container, "liveness_probe"):
+        return None
+    return _probe_spec(container.liveness_probe, container.ports[0].container_port if container.ports else DEFAULT_PORT)
+
+
+def _probe_spec(probe: run_v2.Probe, port: int) -> ProbeSpec:
     common = {
         "initial_delay_s": probe.initial_delay_seconds,
         "period_s": probe.period_seconds or 10,

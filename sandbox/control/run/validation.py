@@ -91,6 +91,8 @@ DEFAULT_MAX_INSTANCES = 100
 MAX_CONCURRENCY = 1000
 MAX_REQUEST_TIMEOUT_S = 3600
 PROBE_LIMIT_S, GPU_PROBE_LIMIT_S = 600, 1800
+# A liveness probe's initial delay, period and timeout: at most 3600 s (run.v2 discovery document, Probe).
+LIVENESS_LIMIT_S = 3600
 SERVICE_ID = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 TAG = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -385,6 +387,13 @@ def _check_container(index: int, container: run_v2.Container, volume_names: set[
         parse_quantity(limits["memory"], f"{prefix}.resources.limits.memory")
     if container.startup_probe:
         _check_probe(f"{prefix}.startupProbe", container.startup_probe)
+    if container.liveness_probe:
+        _check_probe(f"{prefix}.livenessProbe", container.liveness_probe)
+        for name in ("initial_delay_seconds", "period_seconds", "timeout_seconds"):
+            if (value := getattr(container.liveness_probe, name)) > LIVENESS_LIMIT_S:
+                raise invalid_argument(
+                    f"{prefix}.livenessProbe.{_camel(name)}: {value} is above the maximum of {LIVENESS_LIMIT_S} seconds"
+                )
 
 
 def _check_probe(field: str, probe: run_v2.Probe) -> None:
