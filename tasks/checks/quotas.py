@@ -244,7 +244,7 @@ def refusal(needs: list[Need], target: GcpTarget, field: str, why: str, outcome:
         "You do not have quota for using GPUs ..." if no_gpus else f"Max instances must be set to {fits} or fewer ..."
     )
     return (
-        f"{field}: {why} exceeds the region's Cloud Run quota: {parts}. {outcome} (\"{words}\"). Request {requests} "
+        f'{field}: {why} exceeds the region\'s Cloud Run quota: {parts}. {outcome} ("{words}"). Request {requests} '
         f"for region {target.region} (a trial project cannot raise it), or {instead}"
     )
 

@@ -36,7 +36,8 @@ from tasks.common.logs import run_logger
 from tasks.common.naming import repository_host
 from tasks.image.build_context import context_files
 from tasks.image.images import BuildPlan, build_plan, check_local_source, content_tag, render_build, tree_digest
-from tasks.infra.build_identity import BUILD_BUCKET_ROLE
+from tasks.infra import propagation
+from tasks.infra.build_identity import BUILD_BUCKET_ROLE, REPOSITORY_ROLE
 from tasks.infra.ensure import repository_path
 from tasks.infra.propagation import when_visible
 
@@ -54,6 +55,8 @@ KNOWN_FIXES = {
     "name unknown": "create the Artifact Registry repository first (the ensure-infra step does)",
 }
 SHA = re.compile(r"^[0-9a-f]{40}$")
+# What docker push's denial names, whatever its wording (tasks/infra/propagation.py).
+UPLOAD_PERMISSION = "artifactregistry.repositories.uploadArtifacts"
 # What Cloud Build answers (400 FAILED_PRECONDITION) a project it restricts to a few regions when a build is created
 # in another: "failed precondition: due to quota restrictions, cannot run builds in this region. Please contact
 # support" (google-github-actions/deploy-cloudrun#480), in later reports "..., see https://cloud.google.com/build/
@@ -290,7 +293,11 @@ def build_image(
     upload_source(target, build, plan)
     attempts: list[BuildAttempt] = []
     ladder = build.ladder
-    for number, max_jobs in enumerate(ladder, 1):
+    pauses = propagation.redeploy_pauses()
+    number = 0
+    while number < len(ladder):
+        max_jobs = ladder[number]
+        number += 1
         started = time.monotonic()
         finished = attempt(target, build, plan, max_jobs)
         status = Status(finished.status)
@@ -310,6 +317,17 @@ def build_image(
             log.info("built %s with max_jobs=%d after %d attempt(s)", image, max_jobs, len(attempts))
             return ImageResult(image=image, tag=tag, strategy="build", reused=False, attempts=attempts)
         tail = _log_tail(target, finished)
+        granted_s = _push_awaits_grant(target, finished, tail)
+        if granted_s is not None:
+            pause = next(pauses)
+            why = (
+                f"push denied {granted_s:.0f} s after this run granted the build identity {REPOSITORY_ROLE} on the "
+                f"repository (IAM propagation, typically 2 minutes, up to 7 or more): building again in {pause:.0f} s"
+            )
+            _log_attempt(number, ladder, attempts[-1], why)
+            time.sleep(pause)
+            number -= 1  # the same rung: the build did not run out of memory
+            continue
         if not _is_oom(status, tail):
             _log_attempt(number, ladder, attempts[-1], "failure (not out of memory: no retry)")
             raise ImageBuildError(_failure_message(plan, finished, status, tail), attempts)
@@ -323,6 +341,18 @@ def build_image(
         f"RAM per core than {build.machine_type}. Last log: {attempts[-1].log_url}",
         attempts,
     )
+
+
+def _push_awaits_grant(target: GcpTarget, finished: cloudbuild_v1.Build, tail: str) -> float | None:
+    """The seconds since this run granted the build's account the writer role on the target's repository (where every
+    image of ours is pushed), when the build's log shows the push denied that permission while the grant may still be
+    propagating (tasks/infra/propagation.py); else None. Keyed on the grant, not on the denial's wording, which need
+    not name the repository."""
+    if UPLOAD_PERMISSION not in tail:
+        return None
+    email = finished.service_account.rsplit("/", 1)[-1]
+    granted = propagation.propagating_grant(email, [repository_path(target)])
+    return None if granted is None else granted[1]
 
 
 def _log_attempt(number: int, ladder: list[int], done: BuildAttempt, outcome: str) -> None:
@@ -344,7 +374,7 @@ def _identity_fix(plan: BuildPlan, account: str, log: str) -> str | None:
     """The grant a build identity lacks, from Cloud Build's log line, as the command that grants it."""
     email = account.rsplit("/", 1)[-1]
     member = f"serviceAccount:{email}"
-    if "artifactregistry.repositories.uploadArtifacts" in log:  # docker push: "denied: Permission ..."
+    if UPLOAD_PERMISSION in log:  # docker push: "denied: Permission ..."
         host, project, repository = plan.image.split("/")[:3]
         location = host.removesuffix("-docker.pkg.dev")
         return (

@@ -28,7 +28,7 @@ from tasks.common import clients
 from tasks.common.gcp import POLICY_CONFLICT_RETRY, EnsureResult, gcp_errors
 from tasks.infra.access import grant_to_new_account
 from tasks.infra.ensure import get_or_create_service_account, repository_path, service_account_path
-from tasks.infra.propagation import note_grant, when_visible
+from tasks.infra.propagation import note_grant, note_resource_grant, when_visible
 from tasks.infra.teardown import delete_service_account
 
 BUILD_BUCKET_ROLE = "roles/storage.admin"
@@ -113,6 +113,9 @@ def grant_build_repository_writer(target: GcpTarget) -> EnsureResult:
         changes = grant_to_new_account(
             registry, name, REPOSITORY_ROLE, target.build_service_account_email, "Artifact Registry"
         )
+    if changes:
+        # A build right after may push before the grant takes effect: it is run again meanwhile (builds.py).
+        note_resource_grant(target.build_service_account_email, name)
     return _result(f"{name} {REPOSITORY_ROLE} {_member(target)}", changes)
 
 

@@ -30,7 +30,16 @@ Until then:
   propagation deadline, and the failure names that bucket (Cloud Run's log of the mount, however worded). Either
   way the deploy is made again (a new revision) until the grant has taken effect. Unconfirmed: that Cloud Run puts
   gcsfuse's error in the revision's log in time for the failure's log tail; without it the deploy fails at once,
-  saying that a grant of this run may still be propagating, and a rerun passes.
+  saying that a grant of this run may still be propagating, and a rerun passes;
+- a build whose account was just granted roles/artifactregistry.writer on the image's repository runs, then fails
+  at its push: docker push's 'denied: Permission "artifactregistry.repositories.uploadArtifacts" denied on resource
+  "projects/P/locations/L/repositories/R" (or it may not exist)' (GoogleCloudPlatform/cymbal-superstore PR 4's
+  words; newer pushes say "... denied on resource (or it may not exist). Remediate access with this Troubleshooter
+  URL ...", without the repository: flutter/flutter issue 188342; doughayden/answer-app's README: "a race condition
+  where the Cloud Build service account IAM role bindings have not yet propagated"). Here too what the product knows
+  decides: this run granted the account that role on the repository it pushes to (``note_resource_grant``), within its
+  deadline, and the build's log names the permission; the build is run again (tasks/image/builds.py). A build
+  longer than the propagation never meets it.
 
 Terraform sleeps a fixed 10 s after creating an account (magic-modules PR 10813) and still sees these errors;
 here the step retries exactly those answers, with exponential backoff, a deadline above the documented worst case,
@@ -78,19 +87,27 @@ OTHER_NEW_ACCOUNT = re.compile(r"Service account [\w.+-]+@[\w.-]+\.gserviceaccou
 # Grants this process made, by account email: a 400 that a missing grant would also explain is waited on only
 # while a grant of this run may still be propagating (the same refusal for a grant nobody made fails at once).
 _granted: dict[str, float] = {}
-# ... and which buckets they were on, by (account email, bucket): a revision mounting one may not start meanwhile.
-_bucket_grants: dict[tuple[str, str], float] = {}
+# ... and which resources they were on, by (account email, bucket name or resource path): a revision mounting the
+# bucket may not start meanwhile, a build may not push to the repository.
+_resource_grants: dict[tuple[str, str], float] = {}
 _granted_lock = threading.Lock()
 
 
 def note_grant(email: str, bucket: str | None = None) -> None:
     """Record that this run just granted ``email`` a role (on ``bucket``, for a bucket's policy): its refusals
     meanwhile are IAM propagation."""
-    now = time.monotonic()
     with _granted_lock:
-        _granted[email] = now
-        if bucket is not None:
-            _bucket_grants[(email, bucket)] = now
+        _granted[email] = time.monotonic()
+    if bucket is not None:
+        note_resource_grant(email, bucket)
+
+
+def note_resource_grant(email: str, resource: str) -> None:
+    """Record that this run just granted ``email`` a role on ``resource`` (a bucket's name, a repository's path) and
+    nothing else: only failures on that resource are its propagation (a role on the image repository explains no
+    bucket's refusal)."""
+    with _granted_lock:
+        _resource_grants[(email, resource)] = time.monotonic()
 
 
 def _granted_recently(email: str) -> bool:
@@ -132,17 +149,22 @@ def unreadable_on_new_grant(message: str, email: str) -> str | None:
     return None
 
 
-def propagating_bucket_grant(email: str, buckets: list[str]) -> tuple[str, float] | None:
-    """The bucket of ``buckets`` (a revision's Cloud Storage volumes) this run granted ``email`` a role on most
-    recently, with the seconds since, while that grant may still be propagating (``DEADLINE_S``); else None."""
+def propagating_grant(email: str, resources: list[str]) -> tuple[str, float] | None:
+    """The resource of ``resources`` (as it was noted) this run granted ``email`` a role on most recently,
+    with the seconds since, while that grant may still be propagating (``DEADLINE_S``); else None."""
     now = time.monotonic()
     with _granted_lock:
-        ages = [(now - at, bucket) for bucket in buckets if (at := _bucket_grants.get((email, bucket))) is not None]
-    recent = [(age, bucket) for age, bucket in ages if age < DEADLINE_S]
+        ages = [(now - at, name) for name in resources if (at := _resource_grants.get((email, name))) is not None]
+    recent = [(age, name) for age, name in ages if age < DEADLINE_S]
     if not recent:
         return None
-    age, bucket = min(recent)
-    return bucket, age
+    age, name = min(recent)
+    return name, age
+
+
+def propagating_bucket_grant(email: str, buckets: list[str]) -> tuple[str, float] | None:
+    """``propagating_grant`` for the buckets of a revision's Cloud Storage volumes."""
+    return propagating_grant(email, buckets)
 
 
 def names_bucket(message: str, bucket: str) -> bool:

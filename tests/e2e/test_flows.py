@@ -51,6 +51,7 @@ def test_promotion_writes_a_report_with_the_figures_and_an_event(flow_env, servi
     assert events[0].payload["revision"] == report.serving_revision
 
 
+@pytest.mark.usefixtures("raised_quota")  # the candidate beside the serving revision (zero-downtime), for its report
 def test_a_failed_promotion_reports_why_and_where_traffic_stands(sb, flow_env, service, asserting_events_worker):
     first = promote(service)
     sb.run("POST", "/faults", json={"service": service, "faults": {"completions_status": 500}})
@@ -100,6 +101,7 @@ def test_scale_sets_min_instances_and_is_a_no_op_when_already_there(flow_env, se
     assert [e.payload["min_instances"] for e in scaled_events] == [1, 0]
 
 
+@pytest.mark.usefixtures("raised_quota")  # a zero-downtime re-promotion: the candidate beside the serving revision
 def test_rollback_and_teardown(flow_env, service):
     first = promote(service)
     second = promote(service, revision="dev")
@@ -111,6 +113,7 @@ def test_rollback_and_teardown(flow_env, service):
     assert [(r.kind, r.action) for r in teardown(service=service)] == [("service", "absent")]
 
 
+@pytest.mark.usefixtures("raised_quota")  # the second run's candidate beside the first's revision (zero-downtime)
 def test_two_promotions_of_one_service_never_interleave(flow_env, service):
     outcomes: dict[str, object] = {}
 
@@ -137,8 +140,9 @@ def test_a_second_promotion_reuses_the_built_image_and_changes_nothing(sb, flow_
     ServingProfile.preset("l4", image=None, build={"source_dir": str(tmp_path), "image_name": service}).save(profile)
 
     def builds_created_since(since: int) -> list[str]:
+        # Created: a create refused while the new build account's grants propagate (the product waits) made none.
         return [r["path"] for r in sb.requests("control", since=since)
-                if r["method"] == "POST" and r["path"].endswith("/builds")]  # fmt: skip
+                if r["method"] == "POST" and r["path"].endswith("/builds") and r["status"] == 200]  # fmt: skip
 
     since = sb.last_request_seq()
     first = promote(service, profile=profile)
@@ -150,6 +154,7 @@ def test_a_second_promotion_reuses_the_built_image_and_changes_nothing(sb, flow_
     assert second.outcome == "unchanged" and second.serving_revision == first.serving_revision
 
 
+@pytest.mark.usefixtures("raised_quota")  # re-promotions with the candidate beside the serving revision
 def test_the_image_strategy_is_a_run_parameter(sb, flow_env, service, tmp_path):
     (tmp_path / "Dockerfile").write_text("FROM python:3.12-slim\nCOPY . /app\n")
     (tmp_path / "app.py").write_text(f"print({service!r})\n")
@@ -262,6 +267,7 @@ def test_the_run_graph_shows_one_task_run_per_infrastructure_resource(sb, flow_e
     assert _between(again_names, "hf_resolve_model", "stage sandbox/tiny-chat@main") == infrastructure
 
 
+@pytest.mark.usefixtures("raised_quota")  # two L4 services at once (64 GiB of a new project's 40)
 def test_promotions_of_two_services_run_side_by_side(sb, flow_env):
     held, other = f"e2e-{next(_ids)}", f"e2e-{next(_ids)}"
     # The held service's candidate answers /health with 503 until the rule goes: its promotion waits inside
@@ -303,6 +309,7 @@ def test_promotions_of_two_services_run_side_by_side(sb, flow_env):
     assert lock_slots(flow_env, held) == 0
 
 
+@pytest.mark.usefixtures("raised_quota")  # zero-downtime re-promotions: each candidate beside the serving revision
 def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, service, ip_hold):
     # A target of its own (network, subnet, service account, secret, bucket): the teardown deletes them, and the
     # session's other tests keep the shared "sandbox" ones.

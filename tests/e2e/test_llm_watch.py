@@ -21,7 +21,12 @@ from tasks.watch.vllm_metrics import TTFT, _add_histogram_delta, _step_deltas, r
 from tests.support.artifacts import artifact
 from tests.support.promotion import run_service
 
-pytestmark = pytest.mark.prefect
+pytestmark = [
+    pytest.mark.prefect,
+    # Canaries and watches keep the candidate beside the serving revision (two L4 instances, 64 GiB of a new
+    # project's 40): a team delivering this way requested the quota (test_new_project.py covers the refusal).
+    pytest.mark.usefixtures("raised_quota"),
+]
 FAST = VerifyOptions(health_period_s=0.05)
 PROFILE = "e2e-vllm-metrics"
 E2E = "vllm:e2e_request_latency_seconds"

@@ -27,6 +27,7 @@ from sandbox.handle import SandboxHandle
 from tasks.checks.doctor import Check, DoctorFailed
 from tasks.common.permissions import DEPLOYER_ROLES, DOCTOR_ROLES
 from tasks.deploy.probe import VerifyOptions
+from tests.support.sandbox_config import sandbox_settings
 
 pytestmark = pytest.mark.prefect
 FAST = VerifyOptions(health_period_s=0.05)
@@ -57,7 +58,20 @@ def build_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def readme_roles(sandbox: SandboxHandle, flow_env) -> Iterator[SandboxHandle]:
+def quota_raised_for_the_module(sandbox: SandboxHandle) -> Iterator[None]:
+    """tests/conftest.py's ``raised_quota`` (40 vCPU, 160 GiB, 3 RTX Pro 6000) for the whole module, whose promoted
+    service is shared (module scope): the roles are under test, not the quota. The service is re-promoted zero-downtime
+    (its candidate beside the serving L4 instance), which preflight refuses on a new project's 40 GiB
+    (tests/e2e/test_new_project.py)."""
+    before = sandbox.configure()
+    raised = {"cpu_quota": 40, "memory_quota_gib": 160, "gpu_quota": {**before["gpu_quota"], "nvidia-rtx-pro-6000": 3}}
+    sandbox.run("POST", "/idle")  # what earlier tests left idle holds nothing: 15 minutes have passed
+    with sandbox_settings(sandbox, **raised):
+        yield
+
+
+@pytest.fixture(scope="module")
+def readme_roles(sandbox: SandboxHandle, flow_env, quota_raised_for_the_module: None) -> Iterator[SandboxHandle]:
     """The caller holds exactly the table's roles for the module; owner again afterwards."""
     with sandbox.caller_roles(README_ROLES):
         yield sandbox

@@ -28,6 +28,7 @@ def set_private_google_access(target, enabled: bool) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.usefixtures("raised_quota")  # a candidate beside the serving revision, twice (zero-downtime)
 def test_without_private_google_access_the_weights_cannot_load_and_promote_model_turns_it_back_on(sb, flow_env):
     service = f"pga-{next(_ids)}"
     old = promote(service).serving_revision

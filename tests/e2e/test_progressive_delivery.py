@@ -21,7 +21,12 @@ from tests.support.artifacts import artifact
 from tests.support.promotion import promote_watched as promote
 from tests.support.promotion import run_service
 
-pytestmark = pytest.mark.prefect
+pytestmark = [
+    pytest.mark.prefect,
+    # Canary, watch and rollback keep the candidate beside the serving revision (two L4 instances, 64 GiB of a new
+    # project's 40): a team delivering this way requested the quota (test_new_project.py covers the refusal).
+    pytest.mark.usefixtures("raised_quota"),
+]
 SLO = {"max_error_ratio": 0.02, "max_p95_ms": "off", "min_requests": 5}  # the faults here are errors, not latency
 _ids = itertools.count()
 

@@ -1,6 +1,7 @@
-"""A first RTX Pro 6000 promotion on a new project's Cloud Run quotas (20 vCPU, 40 GiB, one RTX GPU kept as 1000
-milli-GPUs): refused by promote-model's preflight before it writes anything, naming the quota and the request. On
-main before this check it made 22 cloud writes and staged the weights, then Cloud Run refused the service.
+"""A first RTX Pro 6000 promotion on a new project's Cloud Run quotas, the sandbox's defaults (20 vCPU, 40 GiB, one RTX
+GPU kept as 1000 milli-GPUs: googlecodelabs/feedback#1856 and #2311, docs/sandbox.md): refused by promote-model's
+preflight before it writes anything, naming the quota and the request. On main before this check it made 22 cloud
+writes and staged the weights, then Cloud Run refused the service.
 
 And a GPU quota raised with Google: promote-model, scale-service and doctor judge by the one figure Service Usage
 reports (tasks/checks/quotas.py), with no gpu_quota in the profile."""
@@ -19,8 +20,9 @@ from tests.support.promotion import promote, run_service
 from tests.support.sandbox_config import sandbox_settings
 
 pytestmark = pytest.mark.prefect
-# googlecodelabs/feedback#1856 and #2311: what a new project has in us-central1.
-GOOGLE_DEFAULTS = {"cpu_quota": 20, "memory_quota_gib": 40, "gpu_quota": {"nvidia-l4": 3, "nvidia-rtx-pro-6000": 1}}
+# What a project that asked Google for 8 L4 GPUs asked for beside them: the vCPU and memory of 10 L4 instances (8 vCPU,
+# 32 GiB each), so that only the GPU quota speaks below.
+CPU_AND_MEMORY_RAISED = {"cpu_quota": 80, "memory_quota_gib": 320}
 READ_VERBS = (":testIamPermissions", ":getEffectivePolicy", ":batchGet")
 
 
@@ -35,7 +37,7 @@ def cloud_writes(sb, since: int) -> list[str]:
 
 def test_the_first_rtx_promotion_on_a_new_projects_quotas_is_refused_before_any_write(sb, flow_env):
     since = sb.last_request_seq()
-    with sandbox_settings(sb, **GOOGLE_DEFAULTS), pytest.raises(QuotaExceeded) as refused:
+    with pytest.raises(QuotaExceeded) as refused:
         promote_model(model="sandbox/tiny-chat", service="quota-rtx", profile="rtx-pro-6000",
                       token_secret_block="sandbox-hf-token")  # fmt: skip
     message = str(refused.value)
@@ -50,8 +52,7 @@ def test_the_first_rtx_promotion_on_a_new_projects_quotas_is_refused_before_any_
 
 def test_with_the_quota_raised_the_same_promotion_passes_preflight(sb, flow_env):
     """The refusal is the quota's, not the profile's: with 80 GiB the preflight lets the promotion through."""
-    raised = {**GOOGLE_DEFAULTS, "memory_quota_gib": 80}
-    with sandbox_settings(sb, **raised):
+    with sandbox_settings(sb, memory_quota_gib=80):
         report = promote_model(model="sandbox/tiny-chat", service="quota-rtx-ok", profile="rtx-pro-6000",
                                token_secret_block="sandbox-hf-token", dry_run=True)  # fmt: skip
     assert report.outcome == "dry-run"
@@ -67,8 +68,8 @@ def test_a_gpu_quota_raised_with_google_serves_preflight_scale_and_doctor_withou
     five = ServingProfile.preset("l4", max_instances=5)
     assert five.gpu_quota is None
     five.save(profile, overwrite=True)
-    raised = {**GOOGLE_DEFAULTS["gpu_quota"], "nvidia-l4": 8}
-    with sandbox_settings(sb, gpu_quota=raised):
+    raised = {**sb.configure()["gpu_quota"], "nvidia-l4": 8}
+    with sandbox_settings(sb, **CPU_AND_MEMORY_RAISED, gpu_quota=raised):
         report = promote(service, profile=profile)  # 5 instances: above a new project's 3, within the project's 8
         assert report.outcome == "promoted", report.reason
         assert run_service(flow_env, service).template.scaling.max_instance_count == 5
@@ -81,7 +82,10 @@ def test_a_gpu_quota_raised_with_google_serves_preflight_scale_and_doctor_withou
     assert run_service(flow_env, service).scaling.max_instance_count == 8  # the refused scale changed nothing
     assert rows["GPU quota"].status == "ok" and "the project has 8." in rows["GPU quota"].detail
     assert over["GPU quota"].status == "fail" and "the project has 8:" in over["GPU quota"].detail
-    # Google's default back: the same profile is refused before anything is written, by the same figure.
-    with pytest.raises(QuotaExceeded, match=r"the project has 3\. .* or set max_instances to 3 or fewer"):
+    # Google's default GPU quota back: the same profile is refused before anything is written, by the same figure.
+    with (
+        sandbox_settings(sb, **CPU_AND_MEMORY_RAISED),
+        pytest.raises(QuotaExceeded, match=r"the project has 3\. .* or set max_instances to 3 or fewer"),
+    ):
         promote_model(model="sandbox/tiny-chat", service="quota-default", profile=profile,
                       token_secret_block="sandbox-hf-token", dry_run=True)  # fmt: skip

@@ -128,8 +128,10 @@ def test_a_replace_candidate_that_never_starts_leaves_the_old_revision_serving_a
     service scales automatically again with all traffic on the old revision, which answers (a cold start)."""
     service = f"replace-crash-{next(_ids)}"
     old = promote(service, profile=RTX).serving_revision
+    # The first tries may be refused while Cloud Run releases the old revision's GPU (gpu_release_seconds): each new
+    # revision gets the fault, so the one that starts crashes.
     sb.run("POST", "/faults", json={"service": service, "faults": {"crash_at_start": "CUDA error: out of memory"},
-                                    "revisions": 1})  # fmt: skip
+                                    "revisions": 5})  # fmt: skip
     with pytest.raises(DeployFailed, match="CUDA error: out of memory"):
         promote(service, profile=RTX, revision="dev", rollout="replace")
     current = run_service(flow_env, service)

@@ -15,7 +15,12 @@ from flows.rollback import rollback_model
 from tasks.common import clients
 from tests.support.promotion import promote, run_service
 
-pytestmark = pytest.mark.prefect
+pytestmark = [
+    pytest.mark.prefect,
+    # Zero-downtime re-promotions put each candidate beside the serving revision (64 GiB of a new project's 40): the
+    # verdicts are what is tested here, with the quota a team delivering this way requested.
+    pytest.mark.usefixtures("raised_quota"),
+]
 _ids = itertools.count()
 
 

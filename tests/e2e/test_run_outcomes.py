@@ -119,6 +119,7 @@ def test_scale_ends_with_one_outcome_line_and_an_artifact_of_its_facts(flow_env,
     assert "| changed | no |" in artifact(f"scale-{service}")
 
 
+@pytest.mark.usefixtures("raised_quota")  # a zero-downtime re-promotion: the candidate beside the serving revision
 def test_rollback_ends_with_one_outcome_line_and_an_artifact_of_its_facts(flow_env, service):
     first = promote(service)
     second = promote(service, revision="dev")

@@ -32,6 +32,7 @@ def running(sb, service: str) -> list[str]:
                   if f"/services/{service}/" in i["revision"] and i["running"])  # fmt: skip
 
 
+@pytest.mark.usefixtures("raised_quota")  # two warm L4 revisions at once (64 GiB of a new project's 40)
 def test_scale_down_releases_every_gpu_even_of_tagged_revisions(sb, flow_env):
     service = f"gpus-{next(_ids)}"
     ServingProfile.preset("l4", min_instances=1, max_instances=2).save(PROFILE, overwrite=True)

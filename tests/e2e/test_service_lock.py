@@ -31,7 +31,12 @@ from tests.support.promotion import run_service
 from tests.support.run_log import RunLog, run_logs
 from tests.support.tcp_proxy import cuttable_proxy
 
-pytestmark = pytest.mark.prefect
+pytestmark = [
+    pytest.mark.prefect,
+    # The canary keeps its candidate beside the serving revision (64 GiB of a new project's 40): the lock is what is
+    # tested here, with the quota a team delivering this way requested.
+    pytest.mark.usefixtures("raised_quota"),
+]
 FAST = VerifyOptions(health_period_s=0.05)
 SLO = {"max_error_ratio": 0.02, "max_p95_ms": "off", "min_requests": 5}
 # Sampling periods the canary is watched for: long enough (about 25 s real on the sandbox's clock) that the test's

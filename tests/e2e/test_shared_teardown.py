@@ -55,6 +55,7 @@ def chat(gcp: GcpTarget, service: str) -> httpx.Response:
                       timeout=180)  # fmt: skip
 
 
+@pytest.mark.usefixtures("raised_quota")  # two L4 services at once, and a candidate beside one (64 GiB of 40)
 def test_a_teardown_of_one_service_with_every_option_leaves_the_other_serving(sb, shared_target, ip_hold):
     target, gcp, profile = shared_target
     svc_a, svc_b = f"shared-a-{next(_ids)}", f"shared-b-{next(_ids)}"

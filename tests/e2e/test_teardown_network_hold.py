@@ -22,9 +22,13 @@ from flows.teardown import teardown
 from tasks.common import clients
 from tasks.infra import ensure
 from tests.support.models import tiny_model_files, upload_model
-from tests.support.services import gpu_service
+from tests.support.services import SMALLEST_L4, gpu_service
 
-pytestmark = pytest.mark.prefect
+pytestmark = [
+    pytest.mark.prefect,
+    # held_target grants the revisions' account its bucket with raw calls (no product wait for the grant to count).
+    pytest.mark.usefixtures("grants_propagated"),
+]
 _ids = itertools.count()
 
 
@@ -46,7 +50,8 @@ def held_target(flow_env) -> tuple[str, GcpTarget, str]:
 
 
 def deploy_on_subnet(gcp: GcpTarget, service: str) -> None:
-    spec = gpu_service(gcp.bucket_name)
+    """The smallest L4 instance: two services on the subnet fit a new project's 40 GiB side by side."""
+    spec = gpu_service(gcp.bucket_name, **SMALLEST_L4)
     spec.template.vpc_access = run_v2.VpcAccess(
         network_interfaces=[run_v2.VpcAccess.NetworkInterface(network=gcp.network, subnetwork=gcp.subnet)],
         egress=run_v2.VpcAccess.VpcEgress.ALL_TRAFFIC,

@@ -39,6 +39,7 @@ def test_a_first_deploy_is_not_watched_and_the_report_says_why(flow_env):
     assert log.errors == []  # e.g. no "Error encountered when computing cache key" from the deploy task
 
 
+@pytest.mark.usefixtures("raised_quota")  # a canary of a re-promotion: the candidate beside the serving revision
 def test_a_quiet_service_is_promoted_without_a_watch_that_could_judge_nothing(flow_env):
     service = f"plan-quiet-{next(_ids)}"
     old = promote(service).serving_revision
@@ -55,6 +56,7 @@ def test_a_quiet_service_is_promoted_without_a_watch_that_could_judge_nothing(fl
     assert "judging" not in log.text()
 
 
+@pytest.mark.usefixtures("raised_quota")  # a watched re-promotion: the candidate beside the serving revision
 def test_a_quiet_service_whose_profile_asks_for_load_is_watched_on_the_verify_request(flow_env):
     service = f"plan-load-{next(_ids)}"
     profile = f"plan-load-profile-{next(_ids)}"

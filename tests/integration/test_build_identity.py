@@ -9,7 +9,9 @@ bucket, and artifactregistry.writer on the repository. Needs the sandbox's permi
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -90,7 +92,10 @@ def test_a_build_as_the_dedicated_identity_succeeds(target, app):
     assert roles_of(target, target.bucket_name) == set()  # builds never touch the weights
 
     result = build_image(target, app)
-    (attempt,) = result.attempts
+    # A new project: a push made before the repository's grant took effect is denied and built again on the same rung
+    # (the next test); the last attempt is the one that pushed.
+    *denied, attempt = result.attempts
+    assert [(a.status, a.max_jobs) for a in denied] == [("FAILURE", attempt.max_jobs)] * len(denied)
     build = finished_build(target, attempt.build_id)
     assert build.status == Status.SUCCESS
     assert build.service_account == build_identity.build_account_resource(target)
@@ -124,6 +129,53 @@ def test_without_the_repository_grant_the_push_is_denied_and_the_error_names_the
     ) in message
 
 
+def test_a_push_denied_while_this_runs_repository_grant_propagates_is_built_again(sb, target, app, grant_propagation):
+    """A new project: the writer role this run granted on the repository does not count yet when the build pushes
+    (IAM "Access change propagation": typically 2 minutes), and docker push is denied. The build runs again on the same
+    rung until the grant counts (tasks/infra/propagation.py), not failing a promotion that a rerun would pass. The
+    window stays open until a push was denied, then closes: nothing depends on how long a build takes."""
+    email = target.build_service_account_email
+    build_identity.ensure_build_service_account(target)
+    # The build bucket's rights held long since (a project role set through the sandbox's admin, outside any
+    # propagation window): only the repository's grant is new here.
+    held = sb.set_caller_roles(["roles/storage.admin"], member=f"serviceAccount:{email}")
+    try:
+        grant_propagation(10**9)  # no grant made from now on counts until the window closes below
+        assert build_identity.grant_build_repository_writer(target).action == "updated"
+        with ThreadPoolExecutor(1) as pool:
+            building = pool.submit(build_image, target, app)
+            first = wait_for_denied_push(target, email, building)
+            grant_propagation(0)  # the grant has propagated
+            result = building.result(timeout=600)
+    finally:
+        sb.set_caller_roles(held, member=f"serviceAccount:{email}")
+    assert result.attempts[0].build_id == first.id
+    *denied, pushed = result.attempts
+    assert denied and [(a.status, a.max_jobs) for a in denied] == [("FAILURE", 8)] * len(denied)
+    assert (pushed.status, pushed.max_jobs) == ("SUCCESS", 8)  # the same rung: no memory was short
+    repository = f"projects/{target.project}/locations/{target.region}/repositories/{target.artifact_repository}"
+    log = sb.admin.get(f"/cloudbuild/logs/{first.id}").text
+    assert f'Permission "artifactregistry.repositories.uploadArtifacts" denied on resource "{repository}"' in log
+    assert result.image.startswith(f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}/")
+
+
+def wait_for_denied_push(target: GcpTarget, email: str, building: Future) -> cb.Build:
+    """The first build of ``email`` that ended FAILURE (its push denied), while ``building`` runs."""
+    listed = cb.ListBuildsRequest(project_id=target.project, parent=target.build_location_path)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        builds = clients.cloud_build(target).list_builds(request=listed)
+        failed = [b for b in builds if b.service_account.endswith(email) and b.status == Status.FAILURE]
+        if failed:
+            return min(failed, key=lambda b: b.create_time)
+        if building.done():
+            building.result()  # its error, when build_image gave up on the denied push
+            raise AssertionError("build_image finished before any push was denied")
+        time.sleep(0.1)
+    raise AssertionError("no build of the account was denied its push in 300 s")
+
+
+@pytest.mark.usefixtures("grants_propagated")  # binds by hand right before the build: no product wait for it
 def test_without_read_access_to_the_source_the_create_is_refused(target, app):
     """Cloud Build reads the source object as the build's account when the build is created: without
     storage.objects.get the create answers 400 "could not resolve source" with Cloud Storage's 403 inside
@@ -144,6 +196,7 @@ def test_without_read_access_to_the_source_the_create_is_refused(target, app):
     assert f"gs://{target.build_bucket_name} --member {member} --role roles/storage.admin" in message
 
 
+@pytest.mark.usefixtures("grants_propagated")  # binds by hand: the refusal must be the roles', not the window's
 def test_object_roles_on_the_logs_bucket_are_refused_at_create_and_storage_admin_builds(target, app):
     # The grant set of a990ab2 (objectViewer + objectCreator): Google's build logs page asks for Storage Admin for a
     # user-chosen build account, and the create is refused with Cloud Build's 400 before anything runs.

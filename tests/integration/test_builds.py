@@ -16,6 +16,9 @@ from tasks.image.builds import ImageBuildError, build_image, resolve_image
 from tasks.image.images import build_plan, content_tag
 from tasks.infra import build_identity, ensure
 
+# The target fixture's grants are the product's, made right before each build; a push denied while the repository's
+# grant propagates is built again as one more attempt (test_build_identity.py covers it); these tests count attempts.
+pytestmark = pytest.mark.usefixtures("grants_propagated")
 _ids = itertools.count()
 VLLM_LIKE = """\
 FROM python:3.12-slim AS base

@@ -163,6 +163,8 @@ def test_gpu_quota_below_max_instances_fails_with_the_quota_to_request(sb, targe
     assert gpu_row(target, three).status == "ok"  # the sandbox's Service Usage reports 3 again
 
 
+# Only the GPU figure is under test: 3 L4 instances (24 vCPU, 96 GiB) exceed a new project's 20 vCPU / 40 GiB.
+@pytest.mark.usefixtures("raised_quota")
 def test_the_profiles_gpu_quota_counts_only_where_service_usage_cannot_be_read(sb, target):
     """One GPU quota figure for doctor and preflight (tasks/checks/quotas.py): Google's when it can be read, whatever
     the profile says; unread, the profile's gpu_quota, else a new project's default, assumed, and said so."""

@@ -11,6 +11,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from google.api_core import exceptions as gexc
@@ -51,6 +52,21 @@ def waits_logged(caplog, email: str, seen_by: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(wanted)]
 
 
+@pytest.fixture
+def deployed(sb, target) -> Iterator[None]:
+    """What earlier tests left idle holds nothing (Cloud Run's idle time has passed); the services the test deploys
+    (named after its target's bucket) are deleted after it."""
+    sb.run("POST", "/idle")
+    yield
+    services = clients.run_services(target)
+    for service in services.list_services(parent=target.location_path):
+        if service.name.rsplit("/", 1)[1].startswith(target.bucket):
+            services.delete_service(name=service.name).result(polling=clients.operation_polling(target))
+
+
+# The grants here are the new account's, tested for its visibility (iam_propagation); that they then take a while to
+# count is test_a_build_right_after_its_account_gets_the_source_bucket_waits_for_the_grant's subject.
+@pytest.mark.usefixtures("deployed", "grants_propagated")
 def test_a_new_account_is_unknown_to_other_apis_until_iam_propagates(sb, target, iam_propagation):
     """Raw calls, no product waits: each API answers as Google's does, and the same calls pass once propagated."""
     storage = clients.storage(target)
@@ -124,13 +140,14 @@ def test_grants_right_after_creating_the_account_wait_and_say_why(sb, target, ia
     assert puts[0] == 400 and puts[-1] == 200  # refused while unknown, then accepted
 
 
+@pytest.mark.usefixtures("deployed")
 def test_a_deploy_naming_a_new_account_waits_for_cloud_run_to_see_it(sb, target, iam_propagation, caplog):
     caplog.set_level(logging.INFO, logger=PACKAGE_LOGGER)
     ensure.ensure_bucket(target)
     # This test's own bucket, readable by any account: the new one cannot be granted it before IAM knows it.
     upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files(),
                  readers=["allAuthenticatedUsers"])  # fmt: skip
-    service_id = f"propagation-{next(_ids)}"
+    service_id = f"{target.bucket}-svc"
     spec = gpu_service(target.bucket_name)
     spec.template.service_account = target.service_account_email
     spec.template.revision = f"{service_id}-first"

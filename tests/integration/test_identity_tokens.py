@@ -28,7 +28,8 @@ from tasks.infra import ensure
 from tasks.infra.propagation import when_visible
 from tests.support.identity import bearer, id_token
 from tests.support.models import tiny_model_files, upload_model
-from tests.support.services import SERVED_NAME, gpu_service, vllm_args
+from tests.support.sandbox_config import sandbox_settings
+from tests.support.services import SERVED_NAME, SMALLEST_L4, gpu_service, vllm_args
 
 BUCKET = "identity-test-weights"
 SERVICE_ID = "ident-svc"
@@ -43,32 +44,39 @@ def claims(token: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def service(sandbox_target) -> Iterator[tuple[run_v2.Service, str]]:
-    """A private service with a serving revision and a `candidate` tag on a second one: (service, tag URL)."""
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    services = clients.run_services(sandbox_target)
-    polling = clients.operation_polling(sandbox_target)
-    first = services.create_service(
-        parent=sandbox_target.location_path, service=gpu_service(BUCKET), service_id=SERVICE_ID
-    ).result(timeout=60, polling=polling)
-    old = first.latest_ready_revision.rsplit("/", 1)[1]
-    candidate = f"{SERVICE_ID}-candidate-1"
-    spec = gpu_service(
-        BUCKET,
-        args=vllm_args("--dtype=bfloat16"),
-        revision=candidate,
-        traffic=[
-            run_v2.TrafficTarget(type_=REVISION_TYPE, revision=old, percent=100),
-            run_v2.TrafficTarget(type_=REVISION_TYPE, revision=candidate, percent=0, tag="candidate"),
-        ],
-    )
-    second = services.update_service(service=run_v2.Service(spec, name=first.name)).result(timeout=60, polling=polling)
-    tag_url = next(t.uri for t in second.traffic_statuses if t.tag == "candidate")
-    try:
-        yield second, tag_url
-    finally:
-        with contextlib.suppress(exceptions.NotFound):
-            services.delete_service(name=first.name).result(polling=polling)
+def service(sandbox, sandbox_target) -> Iterator[tuple[run_v2.Service, str]]:
+    """A private service with a serving revision and a `candidate` tag on a second one: (service, tag URL). Both
+    revisions' instances run at once: SMALLEST_L4 fits them in a new project's 40 GiB."""
+    sandbox.run("POST", "/idle")  # what earlier tests left idle holds nothing: Cloud Run's idle time has passed
+    # The weights bucket is granted with raw calls right before the deploys, which have no product wait for it.
+    with sandbox_settings(sandbox, grant_propagation_seconds=0):
+        upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
+        services = clients.run_services(sandbox_target)
+        polling = clients.operation_polling(sandbox_target)
+        first = services.create_service(
+            parent=sandbox_target.location_path, service=gpu_service(BUCKET, **SMALLEST_L4), service_id=SERVICE_ID
+        ).result(timeout=60, polling=polling)
+        old = first.latest_ready_revision.rsplit("/", 1)[1]
+        candidate = f"{SERVICE_ID}-candidate-1"
+        spec = gpu_service(
+            BUCKET,
+            **SMALLEST_L4,
+            args=vllm_args("--dtype=bfloat16"),
+            revision=candidate,
+            traffic=[
+                run_v2.TrafficTarget(type_=REVISION_TYPE, revision=old, percent=100),
+                run_v2.TrafficTarget(type_=REVISION_TYPE, revision=candidate, percent=0, tag="candidate"),
+            ],
+        )
+        second = services.update_service(service=run_v2.Service(spec, name=first.name)).result(
+            timeout=60, polling=polling
+        )
+        tag_url = next(t.uri for t in second.traffic_statuses if t.tag == "candidate")
+        try:
+            yield second, tag_url
+        finally:
+            with contextlib.suppress(exceptions.NotFound):
+                services.delete_service(name=first.name).result(polling=polling)
 
 
 @pytest.fixture
@@ -170,6 +178,7 @@ def test_a_custom_audience_set_on_the_service_is_accepted(sandbox_target, servic
         ).result(timeout=60, polling=clients.operation_polling(sandbox_target))
 
 
+@pytest.mark.usefixtures("grants_propagated")  # the invoker role is granted raw, with no product wait for it
 def test_a_valid_token_of_a_caller_without_run_invoker_is_forbidden_until_granted(sb, sandbox_target, service, caller):
     svc, _ = service
     owner = sb.configure()["caller"]

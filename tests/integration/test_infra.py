@@ -220,12 +220,13 @@ def test_a_stale_etag_restarts_the_read_modify_write(sb, target):
     assert all(rule["fired"] == 1 for rule in sb.faults())
 
 
-@pytest.mark.usefixtures("iam_propagated")  # raw binding / deploy of a new account
+# Raw binding / deploy of a new account, its weights bucket granted raw right before (no product wait for either).
+@pytest.mark.usefixtures("iam_propagated", "grants_propagated")
 def test_a_stale_etag_restarts_the_service_invokers_read_modify_write(sb, target):
     ensure.ensure_bucket(target)
     ensure.ensure_service_account(target)
     service_id = f"infra-svc-{next(_ids)}"
-    service = _deploy_private_service(target, service_id)
+    service = _deploy_private_service(sb, target, service_id)
     try:
         aborted = '{"error": {"code": 409, "message": "concurrent policy changes", "status": "ABORTED"}}'
         sb.add_fault(
@@ -357,7 +358,8 @@ def test_secret_gets_a_new_version_only_when_the_value_changes(target):
     assert latest == b"hf_rotatedTokenValue0000000000000000"
 
 
-def _deploy_private_service(target: GcpTarget, service_id: str) -> run_v2.Service:
+def _deploy_private_service(sb, target: GcpTarget, service_id: str) -> run_v2.Service:
+    sb.run("POST", "/idle")  # what earlier tests left idle holds nothing: Cloud Run's idle time has passed
     upload_model(clients.storage(target), target.bucket_name, "models/tiny", tiny_model_files(),
                  readers=[f"serviceAccount:{target.service_account_email}"])  # fmt: skip
     spec = gpu_service(target.bucket_name)
@@ -369,26 +371,32 @@ def _deploy_private_service(target: GcpTarget, service_id: str) -> run_v2.Servic
     )
 
 
-def test_service_invokers_are_exactly_the_listed_principals(target):
-    ensure_all(target)
-    service = _deploy_private_service(target, f"infra-svc-{next(_ids)}")
-    services = clients.run_services(target)
-    policy = services.get_iam_policy(request={"resource": service.name})
-    policy.bindings.add(role="roles/run.invoker", members=["user:someone-else@example.com"])
-    services.set_iam_policy(request={"resource": service.name, "policy": policy})
-    result = access.ensure_service_invokers(target, service.name.rsplit("/", 1)[1])
-    assert set(result.changes) == {
-        "granted roles/run.invoker to group:ml-apps@example.com",
-        "removed roles/run.invoker from user:someone-else@example.com",
-    }
-    bindings = services.get_iam_policy(request={"resource": service.name}).bindings
-    assert [(b.role, list(b.members)) for b in bindings] == [("roles/run.invoker", ["group:ml-apps@example.com"])]
-
-
-def test_teardown_twice_in_a_row_succeeds(target):
+@pytest.mark.usefixtures("grants_propagated")  # the weights bucket is granted right before a raw deploy
+def test_service_invokers_are_exactly_the_listed_principals(sb, target):
     ensure_all(target)
     service_id = f"infra-svc-{next(_ids)}"
-    _deploy_private_service(target, service_id)
+    service = _deploy_private_service(sb, target, service_id)
+    try:
+        services = clients.run_services(target)
+        policy = services.get_iam_policy(request={"resource": service.name})
+        policy.bindings.add(role="roles/run.invoker", members=["user:someone-else@example.com"])
+        services.set_iam_policy(request={"resource": service.name, "policy": policy})
+        result = access.ensure_service_invokers(target, service_id)
+        assert set(result.changes) == {
+            "granted roles/run.invoker to group:ml-apps@example.com",
+            "removed roles/run.invoker from user:someone-else@example.com",
+        }
+        bindings = services.get_iam_policy(request={"resource": service.name}).bindings
+        assert [(b.role, list(b.members)) for b in bindings] == [("roles/run.invoker", ["group:ml-apps@example.com"])]
+    finally:
+        teardown.delete_service(target, service_id)
+
+
+@pytest.mark.usefixtures("grants_propagated")  # the weights bucket is granted right before a raw deploy
+def test_teardown_twice_in_a_row_succeeds(sb, target):
+    ensure_all(target)
+    service_id = f"infra-svc-{next(_ids)}"
+    _deploy_private_service(sb, target, service_id)
     steps = [
         lambda: teardown.delete_service(target, service_id),
         lambda: teardown.delete_subnet(target),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -15,7 +16,8 @@ from tasks.common import clients
 from tasks.common.gcp import InfraError
 from tasks.deploy.revision_logs import revision_filter, revision_log_tail
 from tests.support.models import tiny_model_files, upload_model
-from tests.support.services import gpu_service, vllm_args
+from tests.support.sandbox_config import sandbox_settings
+from tests.support.services import SMALLEST_L4, gpu_service, vllm_args
 
 BUCKET = "revision-logs-test-weights"
 STARTUP = ("Started server process", "Waiting for application startup.", "Application startup complete.")
@@ -34,22 +36,30 @@ def short(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployed(sandbox_target) -> Deployed:
-    """One service with a healthy revision, then a revision that fails at start (Model Garden without `vllm`)."""
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    services = clients.run_services(sandbox_target)
-    service_id = f"logs-{uuid.uuid4().hex[:8]}"
-    polling = clients.operation_polling(sandbox_target)
-    first = services.create_service(
-        parent=sandbox_target.location_path, service=gpu_service(BUCKET), service_id=service_id
-    ).result(timeout=60, polling=polling)
-    broken = run_v2.Service(gpu_service(BUCKET, args=vllm_args()[1:]), name=first.name)
-    with pytest.raises(exceptions.GoogleAPICallError, match="is not ready and cannot serve traffic"):
-        services.update_service(service=broken).result(timeout=60, polling=polling)
-    after = services.get_service(name=first.name)
-    yield Deployed(service_id, short(first.latest_ready_revision), short(after.latest_created_revision))
-    with contextlib.suppress(exceptions.NotFound):
-        services.delete_service(name=first.name).result(polling=polling)
+def deployed(sandbox, sandbox_target) -> Iterator[Deployed]:
+    """One service with a healthy revision, then a revision that fails at start (Model Garden without `vllm`). The
+    failing revision's instance starts beside the healthy one's: SMALLEST_L4 fits both in a new project's 40 GiB."""
+    sandbox.run("POST", "/idle")  # what earlier tests left idle holds nothing: Cloud Run's idle time has passed
+    # The weights bucket is granted with raw calls right before the deploys, which have no product wait for it.
+    with sandbox_settings(sandbox, grant_propagation_seconds=0):
+        upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
+        services = clients.run_services(sandbox_target)
+        service_id = f"logs-{uuid.uuid4().hex[:8]}"
+        polling = clients.operation_polling(sandbox_target)
+        first = services.create_service(
+            parent=sandbox_target.location_path, service=gpu_service(BUCKET, **SMALLEST_L4), service_id=service_id
+        ).result(timeout=60, polling=polling)
+        broken = run_v2.Service(gpu_service(BUCKET, **SMALLEST_L4, args=vllm_args()[1:]), name=first.name)
+        with pytest.raises(exceptions.GoogleAPICallError, match="is not ready and cannot serve traffic") as refused:
+            services.update_service(service=broken).result(timeout=60, polling=polling)
+        assert "The user-provided container failed" in refused.value.message  # its container's failure, not a quota
+        after = services.get_service(name=first.name)
+        # Cloud Run's idle time passes now rather than while a test reads the log: the instance stops (its shutdown
+        # lines written) before the tests compare one read of the healthy revision's log with another.
+        sandbox.run("POST", "/idle")
+        yield Deployed(service_id, short(first.latest_ready_revision), short(after.latest_created_revision))
+        with contextlib.suppress(exceptions.NotFound):
+            services.delete_service(name=first.name).result(polling=polling)
 
 
 def file_lines(sb, revision: str) -> list[str]:

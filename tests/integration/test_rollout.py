@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import httpx
@@ -35,11 +36,14 @@ from tasks.deploy.cloudrun import (
 )
 from tasks.deploy.probe import Verification, VerificationFailed, VerifyOptions
 from tasks.deploy.render import Weights, render_service, revision_name
-from tasks.infra import access, ensure
+from tasks.infra import access, ensure, teardown
 from tasks.weights.staging import StagingResult, stage_model
 from tests.support.identity import bearer
 
 _ids = itertools.count()
+# Zero-downtime mechanics: each candidate's L4 instance (8 vCPU, 32 GiB) runs beside the serving one, which a new
+# project's 40 GiB cannot hold (preflight refuses it there: tests/e2e/test_new_project.py).
+pytestmark = pytest.mark.usefixtures("raised_quota")
 MODEL = "rollout/model"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 FAST = VerifyOptions(health_period_s=0.05, health_window_s=30)
@@ -121,8 +125,11 @@ def revision_serving(url: str, audience: str | None = None) -> str:
 
 
 @pytest.fixture
-def service_id() -> str:
-    return f"rollout-{next(_ids)}"
+def service_id(env) -> Iterator[str]:
+    """A fresh service id; the service is deleted after the test (its instances stop)."""
+    name = f"rollout-{next(_ids)}"
+    yield name
+    teardown.delete_service(env["target"], name)
 
 
 def test_first_deploy_verifies_then_serves_all_traffic(env, service_id):

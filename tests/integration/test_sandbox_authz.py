@@ -127,6 +127,7 @@ def test_a_build_as_a_service_account_needs_act_as_and_cloud_build_names_it_by_i
     assert "iam.serviceAccounts.actAs" in explained and "roles/iam.serviceAccountUser" in explained
 
 
+@pytest.mark.usefixtures("grants_propagated")  # actAs is granted raw right before the deploy, with no product wait
 def test_act_as_granted_on_the_account_alone_is_enough(roles: SandboxHandle, sandbox_target: GcpTarget) -> None:
     """serviceAccountUser on the one account (its own IAM policy), not on the project, lets the deploy through."""
     before = roles.configure()["iam_propagation_seconds"]
@@ -224,6 +225,7 @@ def test_test_iam_permissions_answers_what_the_caller_holds(roles: SandboxHandle
     assert answer.json() == {}
 
 
+@pytest.mark.usefixtures("grants_propagated")  # the bucket role is granted raw right before the read
 def test_a_bucket_policy_adds_to_the_project_policy(roles: SandboxHandle, sandbox_target: GcpTarget) -> None:
     storage = clients.storage(sandbox_target)
     bucket = storage.create_bucket(f"authz-{uuid.uuid4().hex[:8]}", location=sandbox_target.region)

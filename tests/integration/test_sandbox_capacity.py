@@ -18,7 +18,7 @@ from tests.support.identity import bearer
 from tests.support.locks import wait_until
 from tests.support.models import tiny_model_files, upload_model
 from tests.support.sandbox_config import sandbox_settings
-from tests.support.services import gpu_service
+from tests.support.services import MODEL_GARDEN, gpu_service
 
 BUCKET = "capacity-test-weights"
 _ids = itertools.count()
@@ -53,6 +53,13 @@ def deploy(services, target, made: list[str], spec: run_v2.Service) -> run_v2.Se
     )
 
 
+def kept_warm(spec: run_v2.Service) -> run_v2.Service:
+    """``spec`` with a minimum of one instance: it holds its share however long the next deploys take on a busy host
+    (an idle instance would stop after Cloud Run's idle time)."""
+    spec.template.scaling.min_instance_count = 1
+    return spec
+
+
 def running(sb) -> list[str]:
     return [i["revision"] for i in sb.run("GET", "/instances") if i["running"]]
 
@@ -74,8 +81,8 @@ def test_a_second_l4_instance_does_not_start_beside_the_first_on_a_new_projects_
 
 def test_vcpu_is_counted_as_well(sb, services, sandbox_target, fresh):
     with sandbox_settings(sb, memory_quota_gib=800):  # memory out of the way: vCPU alone decides (8 + 8 + 8 > 20)
-        deploy(services, sandbox_target, fresh, gpu_service(BUCKET, memory="16Gi"))
-        deploy(services, sandbox_target, fresh, gpu_service(BUCKET, memory="16Gi"))
+        deploy(services, sandbox_target, fresh, kept_warm(gpu_service(BUCKET, memory="16Gi")))
+        deploy(services, sandbox_target, fresh, kept_warm(gpu_service(BUCKET, memory="16Gi")))
         with pytest.raises(exceptions.GoogleAPICallError, match="Quota exceeded for total allowable CPU per project"):
             deploy(services, sandbox_target, fresh, gpu_service(BUCKET, memory="16Gi"))
 
@@ -93,11 +100,12 @@ def test_an_idle_instance_stops_after_cloud_runs_idle_time_and_the_next_request_
 
 
 def test_a_job_task_holds_its_share_while_it_runs(sb, services, sandbox_target, fresh):
-    deploy(services, sandbox_target, fresh, gpu_service(BUCKET))  # 32 GiB of 40
+    deploy(services, sandbox_target, fresh, kept_warm(gpu_service(BUCKET)))  # 32 GiB of 40
     jobs = clients.run_jobs(sandbox_target)
     job_id = f"cap-job-{next(_ids)}"
     limits = run_v2.ResourceRequirements(limits={"cpu": "4", "memory": "16Gi"})
-    container = run_v2.Container(image="python:3.11-slim", command=["python", "-c", "print(1)"], resources=limits)
+    # An image the sandbox's Cloud Run knows; a job task runs its command on this host's Python (job_tasks.py).
+    container = run_v2.Container(image=MODEL_GARDEN, command=["python", "-c", "print(1)"], resources=limits)
     task = run_v2.TaskTemplate(containers=[container], max_retries=0)
     job = run_v2.Job(template=run_v2.ExecutionTemplate(template=task))
     jobs.create_job(parent=sandbox_target.location_path, job=job, job_id=job_id).result(

@@ -13,11 +13,15 @@ from google.cloud import run_v2
 from tasks.common import clients
 from tests.support.identity import bearer
 from tests.support.models import tiny_model_files, upload_model
-from tests.support.services import MODEL_DIR, SERVED_NAME, gpu_service, health_probe, vllm_args
+from tests.support.services import MODEL_DIR, SERVED_NAME, SMALLEST_L4, gpu_service, health_probe, vllm_args
 
 BUCKET = "cloudrun-test-weights"
 REVISION_TYPE = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
 _ids = itertools.count()
+# The weights bucket is granted with raw calls right before the deploys, which have no product wait for the grant.
+pytestmark = pytest.mark.usefixtures("grants_propagated")
+# Tests that run two revisions' instances at once (the serving one and the next) size them SMALLEST_L4: they fit a new
+# project's 40 GiB together, as two 8 vCPU / 32 GiB instances do not (tests/integration/test_sandbox_capacity.py).
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,10 @@ def services(sandbox_target) -> run_v2.ServicesClient:
 
 
 @pytest.fixture
-def service_id(services, sandbox_target):
-    """A fresh service id; the service is deleted afterwards (instances stop, URLs close)."""
+def service_id(sb, services, sandbox_target):
+    """A fresh service id; what earlier tests left idle is gone first (Cloud Run's idle time has passed), and the
+    service is deleted afterwards (instances stop, URLs close)."""
+    sb.run("POST", "/idle")
     name = f"run-{next(_ids)}"
     yield name
     with contextlib.suppress(exceptions.NotFound):
@@ -109,11 +115,12 @@ def test_a_stale_policy_etag_is_a_conflict(services, sandbox_target, service_id)
 
 
 def test_tagged_candidate_gets_no_traffic_until_promoted(services, sandbox_target, service_id):
-    first = deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
+    first = deploy(services, sandbox_target, service_id, gpu_service(BUCKET, **SMALLEST_L4))
     old = short(first.latest_ready_revision)
     candidate = f"{service_id}-candidate-1"
     spec = gpu_service(
         BUCKET,
+        **SMALLEST_L4,
         args=vllm_args("--dtype=bfloat16"),
         revision=candidate,
         traffic=[
@@ -144,9 +151,9 @@ def test_unchanged_template_makes_no_new_revision(services, sandbox_target, serv
 
 
 def test_a_probe_that_never_passes_fails_the_deploy_and_keeps_traffic(sb, services, sandbox_target, service_id):
-    first = deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
+    first = deploy(services, sandbox_target, service_id, gpu_service(BUCKET, **SMALLEST_L4))
     # vLLM's default port: nothing listens on the container port, so /health never answers (lesson 4).
-    broken = gpu_service(BUCKET, args=[a for a in vllm_args() if not a.startswith("--port")])
+    broken = gpu_service(BUCKET, **SMALLEST_L4, args=[a for a in vllm_args() if not a.startswith("--port")])
     with pytest.raises(exceptions.GoogleAPICallError) as caught:
         update(services, sandbox_target, first.name, broken)
     message = caught.value.message
@@ -184,8 +191,8 @@ def test_without_enforce_eager_a_normal_probe_window_rolls_back(sb, services, sa
 
 def test_seed_004s_probe_idles_four_minutes_then_dies_on_one_miss(sb, services, sandbox_target, service_id):
     # initialDelaySeconds=240, failureThreshold=1 with a slow load: one miss and the revision is gone.
-    spec = gpu_service(BUCKET, probe=health_probe(period=10, threshold=1, initial=240))
-    deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
+    spec = gpu_service(BUCKET, **SMALLEST_L4, probe=health_probe(period=10, threshold=1, initial=240))
+    deploy(services, sandbox_target, service_id, gpu_service(BUCKET, **SMALLEST_L4))
     sb.run("POST", "/faults", json={"service": service_id, "faults": {"load_seconds": 400}})
     with pytest.raises(exceptions.GoogleAPICallError, match="is not ready and cannot serve traffic"):
         update(services, sandbox_target, f"{sandbox_target.location_path}/services/{service_id}", spec)
@@ -195,15 +202,19 @@ def test_a_start_slowed_by_a_busy_host_is_not_a_failed_probe(sb, services, sandb
     # The host stalls the container for 3 real seconds: 300 simulated seconds at the sandbox's 0.01, more than
     # the probe's 245 s window (5 + 2 x 120) when counted on the wall clock. A starved laptop or CI runner is
     # not a slow revision: the probe runs on the container's own clock, and the revision starts.
-    deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
+    deploy(services, sandbox_target, service_id, gpu_service(BUCKET, **SMALLEST_L4))
     sb.run("POST", "/faults", json={"service": service_id, "faults": {"host_stall_s": 3.0}})
     name = f"{sandbox_target.location_path}/services/{service_id}"
-    updated = update(services, sandbox_target, name, gpu_service(BUCKET, args=vllm_args("--dtype=float16")))
+    updated = update(
+        services, sandbox_target, name, gpu_service(BUCKET, **SMALLEST_L4, args=vllm_args("--dtype=float16"))
+    )
     assert updated.latest_ready_revision == updated.latest_created_revision
-    # The same 300 s spent by the container itself (a slow weight load) fails that window, as on Cloud Run.
+    # The same 300 s spent by the container itself (a slow weight load) fails that window, as on Cloud Run. Idle
+    # time passes first: a third instance would not fit beside the first two on a new project's 40 GiB.
+    sb.run("POST", "/idle")
     sb.run("POST", "/faults", json={"service": service_id, "faults": {"load_seconds": 300}})
     with pytest.raises(exceptions.GoogleAPICallError, match="is not ready and cannot serve traffic"):
-        update(services, sandbox_target, name, gpu_service(BUCKET, args=vllm_args("--dtype=bfloat16")))
+        update(services, sandbox_target, name, gpu_service(BUCKET, **SMALLEST_L4, args=vllm_args("--dtype=bfloat16")))
 
 
 @pytest.mark.parametrize(
@@ -229,24 +240,27 @@ def test_field_failures_of_seed_000_fail_the_revision_with_their_log(
 
 
 def test_container_crash_reports_its_exit_code(sb, services, sandbox_target, service_id):
-    deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
+    deploy(services, sandbox_target, service_id, gpu_service(BUCKET, **SMALLEST_L4))
     sb.run("POST", "/faults", json={"service": service_id, "faults": {"crash_at_start": "CUDA error: out of memory"}})
     with pytest.raises(exceptions.GoogleAPICallError, match=r"Container called exit\(1\)"):
         update(
             services,
             sandbox_target,
             f"{sandbox_target.location_path}/services/{service_id}",
-            gpu_service(BUCKET, args=vllm_args("--dtype=float16")),
+            gpu_service(BUCKET, **SMALLEST_L4, args=vllm_args("--dtype=float16")),
         )
 
 
 def test_traffic_split_sends_requests_to_both_revisions(services, sandbox_target, service_id):
-    first = deploy(services, sandbox_target, service_id, gpu_service(BUCKET))
+    first = deploy(services, sandbox_target, service_id, gpu_service(BUCKET, **SMALLEST_L4))
     old = short(first.latest_ready_revision)
-    second = update(services, sandbox_target, first.name, gpu_service(BUCKET, args=vllm_args("--dtype=float16")))
+    second = update(
+        services, sandbox_target, first.name, gpu_service(BUCKET, **SMALLEST_L4, args=vllm_args("--dtype=float16"))
+    )
     new = short(second.latest_ready_revision)
     spec = gpu_service(
         BUCKET,
+        **SMALLEST_L4,
         args=vllm_args("--dtype=float16"),
         traffic=[
             run_v2.TrafficTarget(type_=REVISION_TYPE, revision=old, percent=50),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -99,6 +100,16 @@ def test_cloud_run_rejects_what_it_rejects(services, sandbox_target, change, exp
     assert expected in message
 
 
+@pytest.fixture
+def room_for_an_rtx(sb) -> Iterator[None]:
+    """vCPU and memory quotas raised to hold RTX PRO 6000 instances (20 vCPU, 80 GiB each), the GPU quota left as a
+    new project's: for tests of the RTX's own rules. A new project's 40 GiB refuses any RTX instance
+    (test_memory_quota_message_matches_cloud_run)."""
+    with sandbox_settings(sb, cpu_quota=40, memory_quota_gib=160):
+        yield
+
+
+@pytest.mark.usefixtures("room_for_an_rtx")
 def test_rtx_pro_6000_needs_its_minimums_and_a_region_that_has_it(services, sandbox_target):
     rtx = RTX
     assert create(services, sandbox_target, gpu_service("w", **rtx)).template.node_selector.accelerator
@@ -112,6 +123,7 @@ def test_rtx_pro_6000_needs_its_minimums_and_a_region_that_has_it(services, sand
     assert "not available in region 'europe-west1'" in message
 
 
+@pytest.mark.usefixtures("room_for_an_rtx")
 def test_rtx_pro_6000_needs_gpu_zonal_redundancy_disabled(services, sandbox_target):
     redundant = gpu_service("w", **RTX, zonal_redundancy_disabled=False)
     message = rejected(services, sandbox_target, redundant, region="europe-west4")
@@ -130,7 +142,9 @@ def test_l4_in_a_region_without_l4_is_refused(services, sandbox_target):
     assert "GPU type 'nvidia-l4' is not available in region 'asia-south2'" in message
 
 
-def test_reusing_a_revision_name_with_another_configuration_is_refused(services, sandbox_target):
+@pytest.mark.usefixtures("grants_propagated")  # the weights bucket is granted raw right before the deploy
+def test_reusing_a_revision_name_with_another_configuration_is_refused(sb, services, sandbox_target):
+    sb.run("POST", "/idle")  # what earlier tests left idle holds nothing: Cloud Run's idle time has passed
     bucket, service_id = "admission-test-weights", f"adm-{next(_ids)}"
     upload_model(clients.storage(sandbox_target), bucket, "models/tiny", tiny_model_files())
     polling = clients.operation_polling(sandbox_target)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 
 import pytest
 from google.api_core import exceptions
 from google.cloud import run_v2
 from pydantic import SecretStr
 
+from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.infra import access, ensure
 from tests.support.models import let_read, tiny_model_files, upload_model
@@ -17,6 +19,8 @@ from tests.support.services import gpu_service, vllm_args
 
 BUCKET = "cloudrun-deps-weights"
 _ids = itertools.count()
+# The weights bucket and the secret are granted with raw calls right before the deploys, which have no product wait.
+pytestmark = pytest.mark.usefixtures("grants_propagated")
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +30,12 @@ def services(sandbox_target):
 
 
 @pytest.fixture
-def target(sandbox_target):
+def target(sb, services, sandbox_target) -> Iterator[GcpTarget]:
+    """Names of the test's own; what earlier tests left idle is gone first (Cloud Run's idle time has passed), and the
+    services the test deployed are deleted after it."""
+    sb.run("POST", "/idle")
     n = next(_ids)
-    return sandbox_target.model_copy(
+    yield sandbox_target.model_copy(
         update={
             "service_account_name": f"deps-sa-{n}",
             "network": f"deps-vpc-{n}",
@@ -36,6 +43,9 @@ def target(sandbox_target):
             "hf_token_secret": f"deps-secret-{n}",
         }
     )
+    for service in services.list_services(parent=sandbox_target.location_path):
+        if service.name.rsplit("/", 1)[1].startswith("deps-"):  # this module's (deploy below)
+            services.delete_service(name=service.name).result(polling=clients.operation_polling(sandbox_target))
 
 
 def deploy(services, target, spec: run_v2.Service) -> run_v2.Service:

@@ -166,6 +166,7 @@ def test_deleting_a_running_job_stops_it_and_the_watcher_gets_404(locations, par
     assert gone.value.status_code == 404
 
 
+@pytest.mark.usefixtures("grants_propagated")  # the secret is granted raw right before the run, with no product wait
 def test_the_task_env_has_the_jobs_secrets_and_identity(sb, sandbox, locations, parent, sandbox_target, iam_propagated):
     from tasks.infra import ensure
 
@@ -287,6 +288,7 @@ def keyed_account(sandbox, sandbox_target, name: str) -> tuple[str, service_acco
     return email, service_account.Credentials.from_service_account_info(key, scopes=scopes), key
 
 
+@pytest.mark.usefixtures("grants_propagated")  # the job's invoker role is granted raw right before the run
 def test_a_jobs_own_policy_lets_an_account_run_it(sb, sandbox, sandbox_target, locations, parent, iam_propagated):
     email, credentials, _ = keyed_account(sandbox, sandbox_target, "runs-one-job")
     theirs = (

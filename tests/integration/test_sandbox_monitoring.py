@@ -11,7 +11,7 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -23,8 +23,8 @@ from google.cloud import run_v2
 from tasks.common import clients
 from tests.support.identity import bearer
 from tests.support.models import tiny_model_files, upload_model
-from tests.support.sandbox_config import config_setter
-from tests.support.services import SERVED_NAME, gpu_service
+from tests.support.sandbox_config import config_setter, sandbox_settings
+from tests.support.services import SERVED_NAME, SMALLEST_L4, gpu_service
 
 BUCKET = "monitoring-test-weights"
 COUNT = "run.googleapis.com/request_count"
@@ -47,35 +47,39 @@ def short(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def traffic(sandbox, sandbox_target) -> Traffic:
-    """Deploy, send a known mix of requests to each revision, and remember what was sent."""
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    services = clients.run_services(sandbox_target)
-    polling = clients.operation_polling(sandbox_target)
-    service_id = f"mon-{uuid.uuid4().hex[:8]}"
-    first = services.create_service(
-        parent=sandbox_target.location_path, service=gpu_service(BUCKET), service_id=service_id
-    ).result(timeout=60, polling=polling)
-    url = first.uri
-    with httpx.Client(headers=bearer(url), timeout=30) as caller:
-        for _ in range(5):
-            assert caller.post(f"{url}/v1/chat/completions", json=CHAT).status_code == 200
-        assert caller.get(f"{url}/no-such-path").status_code == 404
-        # No token: Cloud Run's front end refuses it before any instance sees it, so it is never counted.
-        assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=30).status_code == 403
-        sandbox.run("POST", "/faults", json={"service": service_id, "faults": {"completions_status": 500}})
-        second = services.update_service(
-            service=run_v2.Service(gpu_service(BUCKET, env={"ROLLOUT": "2"}), name=first.name)
+def traffic(sandbox, sandbox_target) -> Iterator[Traffic]:
+    """Deploy, send a known mix of requests to each revision, and remember what was sent. Both revisions' instances
+    run at once: SMALLEST_L4 fits them in a new project's 40 GiB."""
+    sandbox.run("POST", "/idle")  # what earlier tests left idle holds nothing: Cloud Run's idle time has passed
+    # The weights bucket is granted with raw calls right before the deploys, which have no product wait for it.
+    with sandbox_settings(sandbox, grant_propagation_seconds=0):
+        upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
+        services = clients.run_services(sandbox_target)
+        polling = clients.operation_polling(sandbox_target)
+        service_id = f"mon-{uuid.uuid4().hex[:8]}"
+        first = services.create_service(
+            parent=sandbox_target.location_path, service=gpu_service(BUCKET, **SMALLEST_L4), service_id=service_id
         ).result(timeout=60, polling=polling)
-        for _ in range(4):
-            assert caller.post(f"{url}/v1/chat/completions", json=CHAT).status_code == 500
-        assert caller.get(f"{url}/v1/models").status_code == 200
-    good, bad = short(first.latest_ready_revision), short(second.latest_ready_revision)
-    assert good != bad
-    sent = {(good, "2xx"): 5, (good, "4xx"): 1, (bad, "5xx"): 4, (bad, "2xx"): 1}
-    yield Traffic(service_id, good, bad, sent)
-    with contextlib.suppress(exceptions.NotFound):
-        services.delete_service(name=first.name).result(polling=polling)
+        url = first.uri
+        with httpx.Client(headers=bearer(url), timeout=30) as caller:
+            for _ in range(5):
+                assert caller.post(f"{url}/v1/chat/completions", json=CHAT).status_code == 200
+            assert caller.get(f"{url}/no-such-path").status_code == 404
+            # No token: Cloud Run's front end refuses it before any instance sees it, so it is never counted.
+            assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=30).status_code == 403
+            sandbox.run("POST", "/faults", json={"service": service_id, "faults": {"completions_status": 500}})
+            second = services.update_service(
+                service=run_v2.Service(gpu_service(BUCKET, **SMALLEST_L4, env={"ROLLOUT": "2"}), name=first.name)
+            ).result(timeout=60, polling=polling)
+            for _ in range(4):
+                assert caller.post(f"{url}/v1/chat/completions", json=CHAT).status_code == 500
+            assert caller.get(f"{url}/v1/models").status_code == 200
+        good, bad = short(first.latest_ready_revision), short(second.latest_ready_revision)
+        assert good != bad
+        sent = {(good, "2xx"): 5, (good, "4xx"): 1, (bad, "5xx"): 4, (bad, "2xx"): 1}
+        yield Traffic(service_id, good, bad, sent)
+        with contextlib.suppress(exceptions.NotFound):
+            services.delete_service(name=first.name).result(polling=polling)
 
 
 def stamp(at: datetime) -> str:

@@ -55,10 +55,21 @@ def collector(
     )
 
 
-def with_sidecar(port: int = 8080, **overrides) -> run_v2.Service:
-    """vLLM (ingress, named "vllm") on ``port`` beside the collector, which starts after it; 8 vCPU / 32 GiB in all, as
-    the product splits the L4 preset (tasks/deploy/metrics_sidecar.py: vLLM 6 / 24, the collector 2 / 8)."""
-    spec = gpu_service(BUCKET, cpu="6", memory="24Gi", args=vllm_args(port=port), **overrides)
+PRODUCT_SPLIT = (("6", "24Gi"), ("2", "8Gi"))
+# What the services these tests run get: two instances fit a new project's 20 vCPU / 40 GiB together (the module's
+# writer and one test's own service), where two of the product's 8 vCPU / 32 GiB do not. The GPU's container keeps
+# the L4's minimums (4 vCPU, 16 GiB), the collector a size Cloud Run offers for 1 vCPU.
+RUNNING_SPLIT = (("4", "16Gi"), ("1", "2Gi"))
+
+
+def with_sidecar(
+    port: int = 8080, split: tuple[tuple[str, str], tuple[str, str]] = PRODUCT_SPLIT, **overrides
+) -> run_v2.Service:
+    """vLLM (ingress, named "vllm") on ``port`` beside the collector, which starts after it, at ``split`` ((vCPU,
+    memory) of each); by default 8 vCPU / 32 GiB in all, as the product splits the L4 preset
+    (tasks/deploy/metrics_sidecar.py: vLLM 6 / 24, the collector 2 / 8)."""
+    (cpu, memory), sidecar = split
+    spec = gpu_service(BUCKET, cpu=cpu, memory=memory, args=vllm_args(port=port), **overrides)
     ingress = spec.template.containers[0]
     ingress.name = "vllm"
     if port != 8080:
@@ -70,7 +81,7 @@ def with_sidecar(port: int = 8080, **overrides) -> run_v2.Service:
             timeout_seconds=2,
             failure_threshold=120,
         )
-    spec.template.containers.append(collector("vllm", cpu="2", memory="8Gi"))
+    spec.template.containers.append(collector("vllm", cpu=sidecar[0], memory=sidecar[1]))
     return spec
 
 
@@ -94,7 +105,10 @@ def services(sandbox_target) -> run_v2.ServicesClient:
 
 @contextlib.contextmanager
 def deployed_service(sandbox, sandbox_target, services, spec: run_v2.Service, account: str, roles: list[str]):
-    """Create ``account`` with ``roles`` on the project, deploy ``spec`` as it, and delete the service after."""
+    """Create ``account`` with ``roles`` on the project, deploy ``spec`` as it, and delete the service after. A minimum
+    of one instance keeps the instance, whose collector the tests read, up between requests (an idle one stops after
+    Cloud Run's idle time)."""
+    spec.template.scaling.min_instance_count = 1
     target = sandbox_target.model_copy(update={"service_account_name": account})
     with config_setter(sandbox, "iam_propagation_seconds") as set_propagation:
         set_propagation(0)  # the account is usable at once (tests/integration/test_iam_propagation.py covers the wait)
@@ -118,7 +132,8 @@ def deployed_service(sandbox, sandbox_target, services, spec: run_v2.Service, ac
 @pytest.fixture(scope="module")
 def writer(sandbox, sandbox_target, services) -> Iterator[Deployed]:
     """vLLM + the collector, as a service account holding roles/monitoring.metricWriter; two chat completions sent."""
-    with deployed_service(sandbox, sandbox_target, services, with_sidecar(), "gmp-writer",
+    sandbox.run("POST", "/idle")  # what earlier tests left idle holds nothing: Cloud Run's idle time has passed
+    with deployed_service(sandbox, sandbox_target, services, with_sidecar(split=RUNNING_SPLIT), "gmp-writer",
                           ["roles/monitoring.metricWriter"]) as service:  # fmt: skip
         with httpx.Client(headers=bearer(service.url), timeout=30) as caller:
             for _ in range(2):
@@ -330,7 +345,8 @@ def test_an_unknown_prometheus_metric_is_not_found_and_aggregation_is_refused(sa
 
 
 def test_an_account_without_metric_writer_writes_nothing_and_the_collector_logs_why(sandbox, sandbox_target, services):
-    with deployed_service(sandbox, sandbox_target, services, with_sidecar(), "gmp-no-writer", []) as service:
+    spec = with_sidecar(split=RUNNING_SPLIT)
+    with deployed_service(sandbox, sandbox_target, services, spec, "gmp-no-writer", []) as service:
         status = poll(lambda: collector_status(sandbox, service.revision), lambda s: s.get("failed_writes", 0) >= 1)
         assert status["failed_writes"] >= 1 and status["writes"] == 0, status
         assert status["last_error"] == DENIED
@@ -342,7 +358,7 @@ def test_an_account_without_metric_writer_writes_nothing_and_the_collector_logs_
 
 def test_an_ingress_container_on_another_port_is_not_scraped(sandbox, sandbox_target, services):
     # The default config scrapes 0.0.0.0:8080, whatever PORT the ingress container has (run-gmp-sidecar config.go).
-    with deployed_service(sandbox, sandbox_target, services, with_sidecar(port=8000), "gmp-port",
+    with deployed_service(sandbox, sandbox_target, services, with_sidecar(port=8000, split=RUNNING_SPLIT), "gmp-port",
                           ["roles/monitoring.metricWriter"]) as service:  # fmt: skip
         status = poll(lambda: collector_status(sandbox, service.revision), lambda s: s.get("failed_scrapes", 0) >= 2)
         assert status["failed_scrapes"] >= 2 and status["writes"] == 0, status

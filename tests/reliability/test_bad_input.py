@@ -138,6 +138,7 @@ def test_gpu_not_offered_in_the_targets_region(sb, flow_env, preset, region, gpu
     assert "us-central1" in message  # one of the regions that has it
 
 
+@pytest.mark.usefixtures("raised_quota")  # the GPU quota (3 L4) must bind: a new project's 40 GiB holds 1 instance
 def test_max_instances_above_the_gpu_quota(sb, flow_env):
     profile = saved_profile("bi-l4-five", max_instances=5)
     fails_cleanly(sb, lambda: promote(profile=profile), "max_instances", "set max_instances to 3 or fewer")

@@ -24,9 +24,11 @@ def test_bad_delivery_settings_are_refused_before_any_cloud_write(sb, flow_env, 
     fails_cleanly(sb, lambda: promote(**kwargs), field, fix)
 
 
+@pytest.mark.usefixtures("raised_quota")  # an RTX instance (80 GiB) fits no new project's 40 GiB: the GPU is tested
 def test_a_canary_the_gpu_quota_cannot_hold_is_refused_in_preflight(sb, flow_env):
-    # The sandbox project has 1 RTX Pro 6000 per region, the common case: the candidate cannot run beside the
-    # serving revision.
+    # A project with memory for RTX Pro 6000 instances but 1 such GPU per region, the common case: the candidate cannot
+    # run beside the serving revision. (raised_quota puts the GPU quota back as it found it.)
+    sb.configure(gpu_quota={**sb.configure()["gpu_quota"], "nvidia-rtx-pro-6000": 1})
     message = fails_cleanly(
         sb, lambda: promote(profile="rtx-pro-6000", canary=[10, 50], watch={"samples": 2}), "canary",
         "leave canary empty",

@@ -67,6 +67,7 @@ def test_cloud_build_internal_error_twice_then_success(sb, flow_env, build_profi
 
 
 # 6. Cloud Run operation errors ---------------------------------------------------------------------------------
+@pytest.mark.usefixtures("raised_quota")  # re-promotes an L4 service zero-downtime; a new project's 40 GiB cannot
 def test_a_crashing_revision_fails_cleanly_and_a_503_on_the_update_is_retried(sb, flow_env):
     service = unique("flt-run")
     first = completed(promote(TINY, service))
@@ -108,6 +109,10 @@ SURVIVED = [
 ]
 
 
+# raised_quota: re-promotes an L4 service zero-downtime, which a new project's 40 GiB cannot hold; grants_propagated:
+# it counts build attempts, and a push denied while the run's repository grant propagates is one more
+# (tests/integration/test_build_identity.py covers that wait).
+@pytest.mark.usefixtures("raised_quota", "grants_propagated")
 def test_one_429_then_one_503_from_every_api_the_promotion_calls(sb, flow_env, build_profile):
     repo, service = new_repo(sb), unique("flt-apis")
     completed(promote(repo, service))  # the service exists: the next promotion updates it
@@ -145,6 +150,7 @@ RETRIED_SINGLY = [
 
 
 @pytest.mark.parametrize("fault", RETRIED_SINGLY)
+@pytest.mark.usefixtures("raised_quota")  # the revision-lookup cases re-promote an L4 service zero-downtime
 def test_a_transient_error_on_a_build_operation_or_revision_call_is_retried(sb, flow_env, build_profile, fault):
     server, method, path, status = fault
     service = unique("flt-retry")

@@ -154,6 +154,7 @@ def release_dead_holders_slot(target, service: str) -> None:
         )
 
 
+@pytest.mark.usefixtures("raised_quota")  # each rerun re-promotes the L4 service zero-downtime: not in 40 GiB
 def test_a_promotion_killed_at_ten_points_is_finished_by_a_rerun(sb, flow_env, tmp_path):
     repo, service = new_repo(sb), unique("flt-kill")
     params = {"model": repo, "service": service, "token_secret_block": TOKEN_BLOCK, "verify": FAST.model_dump()}

@@ -27,7 +27,9 @@ from tests.support.faults import (
 from tests.support.identity import bearer
 from tests.support.locks import lock_slots, wait_until
 
-pytestmark = pytest.mark.prefect
+# raised_quota: every test re-promotes an L4 service zero-downtime (its candidate beside the serving instance), which
+# preflight refuses on a new project's 40 GiB (tests/e2e/test_new_project.py); these are about callers and races.
+pytestmark = [pytest.mark.prefect, pytest.mark.usefixtures("raised_quota")]
 
 
 # 8. Failing candidates while clients call the service ----------------------------------------------------------

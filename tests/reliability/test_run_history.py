@@ -43,6 +43,7 @@ def _logs(flow_run_id) -> list[tuple[int, str]]:
     return [(log.level, log.message) for log in asyncio.run(read())]
 
 
+@pytest.mark.usefixtures("raised_quota")  # the report's history is tested; its max_instances fix names the GPU bound
 def test_a_preflight_refusal_reports_every_finding_with_its_fix(sb, flow_env):
     ServingProfile.preset("l4", max_instances=5, concurrency=8).save("rh-two-problems", overwrite=True)
     service, state = _promote(profile="rh-two-problems")

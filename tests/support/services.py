@@ -8,6 +8,11 @@ from google.protobuf import duration_pb2
 MODEL_GARDEN = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:gemma4"
 MODEL_DIR = "/mnt/models/tiny"
 SERVED_NAME = "sandbox/tiny"
+# The smallest L4 instance Cloud Run runs: the GPU's container needs at least 4 vCPU / 16 GiB ("CPU must be at least
+# 4; memory must be at least 16Gi", sandbox/control/run/validation.py). Two such instances fit a new project's
+# 20 vCPU / 40 GiB side by side (a serving revision and the next one, two services), where two of gpu_service's
+# 8 vCPU / 32 GiB do not: ``gpu_service(bucket, **SMALLEST_L4)``.
+SMALLEST_L4 = {"cpu": "4", "memory": "16Gi"}
 
 
 def vllm_args(*extra: str, model: str = MODEL_DIR, eager: bool = True, port: int = 8080) -> list[str]:

@@ -263,6 +263,7 @@ def test_a_run_cancelled_mid_run_stops_its_job(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("raised_quota")  # two L4 services at once: 64 GiB, above a new project's 40 (test_new_project)
 def test_promotions_run_as_jobs_side_by_side_and_one_service_serializes(
     sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, worker: Path
 ):
