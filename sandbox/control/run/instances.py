@@ -142,6 +142,8 @@ class Instance:
         self.sidecars: list[Sidecar] = []
         self.started_at: float | None = None  # real epoch seconds: the ingress container was launched
         self.ready_at: float | None = None  # real epoch seconds: its startup probe passed
+        # Seconds on its own clock until the startup probe passed (Cloud Run's startup latency; throttle.py).
+        self.startup_s: float | None = None
 
     @property
     def running(self) -> bool:
@@ -217,7 +219,7 @@ class Instance:
             )
         outcome = await self._probe_until_started()
         if outcome.ready:
-            self.ready_at = time.time()
+            self.ready_at, self.startup_s = time.time(), outcome.elapsed_sim_s
         return outcome
 
     async def _probe_until_started(self) -> StartOutcome:
