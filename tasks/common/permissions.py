@@ -123,9 +123,10 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
     RoleNeed(
         "roles/logging.viewer",
         "Logs Viewer",
-        "always (read when a revision fails to start)",
-        {"logging.logEntries.list": "a revision that fails to start: its container log goes into the error"},
-        purpose="a revision that fails to start: its container log goes into the error",
+        "always (read when a revision fails to start, and by the watch)",
+        {"logging.logEntries.list": "a failed revision's container log; the watch: the candidate's 429s"},
+        purpose="a revision that fails to start: its container log goes into the error; the watch counts the "
+        "candidate's 429s (every instance busy) in its request log",
     ),
     RoleNeed(
         "roles/monitoring.viewer",

@@ -243,7 +243,8 @@ def _ms(value: float | None) -> str:
 
 def _step_row(step: StepResult) -> str:
     """One traffic step; TTFT, TPOT and stream errors are "-" when the watch had only Cloud Run's request metrics."""
-    ratio = f"{step.errors} ({step.error_ratio:.1%})" if step.error_ratio is not None else "-"
+    failed = f"{step.errors} + {step.throttled} 429" if step.throttled else str(step.errors)
+    ratio = f"{failed} ({step.error_ratio:.1%})" if step.error_ratio is not None else "-"
     streams = str(step.stream_errors) if step.stream_errors is not None else "-"
     verdict = step.verdict.upper() if step.breached else step.verdict
     return (f"| {step.step} | {step.split} | {step.requests} | {ratio} | {streams} | {_ms(step.ttft_p95_ms)} | "

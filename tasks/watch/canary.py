@@ -3,9 +3,11 @@ a step that breaches the SLO sends traffic back to the revision that served befo
 
 Cloud Deploy's canary strategy for Cloud Run, Argo Rollouts and Flagger work this way. Here a step is judged on the
 candidate revision's ``request_count`` (5xx ratio) and ``request_latencies`` (p95) as Cloud Run reports them
-(tasks/watch/monitoring.py). Cloud Run samples them every ``metrics_sample_seconds`` and shows a sample up to
-``metrics_delay_seconds`` later (both on the target), so a step ends when its window has passed and every sample
-of it can be seen; a breach ends it at once.
+(tasks/watch/monitoring.py), and on the 429s Cloud Run answered for it with every instance busy, from its request log
+(tasks/watch/request_log.py): a candidate too slow for its traffic throttles its users, which is its failure. Cloud
+Run samples the metrics every ``metrics_sample_seconds`` and shows a sample up to ``metrics_delay_seconds`` later
+(both on the target), so a step ends when its window has passed and every sample of it can be seen; a breach ends it
+at once.
 
 During the post-promotion watch the previous revision keeps a ``previous`` tag, so it stays addressable at its own
 URL, and is sent a /health request at every read: that is what keeps it warm (an idle instance stays up for a while
@@ -35,6 +37,7 @@ from tasks.deploy.metrics_sidecar import SCRAPE_PORT
 from tasks.deploy.probe import VerificationFailed, VerifyOptions, chat_completion
 from tasks.deploy.traffic import describe_split
 from tasks.watch.monitoring import RevisionTraffic, list_series, revision_traffic
+from tasks.watch.request_log import throttled_requests
 from tasks.watch.vllm_metrics import TTFT, VllmSignals, revision_filter, revision_signals
 
 Verdict = Literal["held", "breached", "too little traffic"]
@@ -57,7 +60,8 @@ class WatchOptions(BaseModel):
         ge=0,
         le=1,
         description="Largest share of the candidate's requests that may fail (0.01 = 1 %, Flagger's default success "
-        "rate of 99 %): 5xx, and with metrics: vllm also streams that failed after their 200.",
+        "rate of 99 %): 5xx, the 429s Cloud Run answers when every instance is busy (too slow for its traffic), and "
+        "with metrics: vllm also streams that failed after their 200.",
     )
     max_ttft_p95_ms: float | None = Field(
         None,
@@ -159,6 +163,7 @@ class StepResult(BaseModel):
     requests: int
     errors: int
     error_ratio: float | None
+    throttled: int = 0  # 429s Cloud Run answered for the candidate (every instance busy); in requests and the ratio
     p95_ms: float | None
     stream_errors: int | None = None  # None: judged without vLLM's metrics
     ttft_p95_ms: float | None = None
@@ -209,18 +214,33 @@ def check_canary(steps: list[int] | None, field: str = "canary") -> list[int]:
     return steps
 
 
-def judge(seen: RevisionTraffic, watch: WatchOptions, vllm: VllmSignals | None = None) -> tuple[Verdict, str]:
+@dataclass(frozen=True)
+class Limits:
+    """How many requests the candidate's revision takes at once on Cloud Run: instances x requests each."""
+
+    max_instances: int | None  # None: the revision sets none, so Cloud Run's default (from the region's quotas)
+    concurrency: int
+
+
+def judge(
+    seen: RevisionTraffic, watch: WatchOptions, vllm: VllmSignals | None = None, limits: Limits | None = None
+) -> tuple[Verdict, str]:
     """The verdict on what the candidate served so far, and the figures that decided it. With ``vllm`` (the sidecar
     runs), failures include streams that failed after their 200, and TTFT and TPOT are judged; until vLLM's metrics
     of the step have arrived, latency is judged on Cloud Run's request metrics as without the sidecar.
 
     Requests are the more of Cloud Run's count and vLLM's finished requests: vLLM's reach Monitoring within a scrape,
-    Cloud Run's up to 180 s later, and a ratio of one to the other would run past 100 %."""
+    Cloud Run's up to 180 s later, and a ratio of one to the other would run past 100 %. The 429s Cloud Run answered
+    for the candidate (every instance busy: ``seen.throttled``) are its failures too: its users were refused because
+    it could not keep up, not for anything they did; they count against max_error_ratio like 5xx, and a breach they
+    are part of says so, with the candidate's ``limits``."""
     judged_on_vllm = vllm is not None and vllm.ttft.count > 0
     slo = watch.slo(judged_on_vllm)
-    requests = max(seen.requests, vllm.finished_total) if vllm is not None else seen.requests
-    failed = seen.errors + (vllm.stream_errors if vllm is not None else 0)
+    requests = (max(seen.requests, vllm.finished_total) if vllm is not None else seen.requests) + seen.throttled
+    failed = seen.errors + seen.throttled + (vllm.stream_errors if vllm is not None else 0)
     figures = f"{requests} requests, {seen.errors} 5xx"
+    if seen.throttled:
+        figures += f", {seen.throttled} 429"
     if vllm is not None:
         figures += f", {vllm.stream_errors} stream errors"
         for label, value in (("TTFT p95", vllm.ttft_p95_ms), ("TPOT p95", vllm.tpot_p95_ms)):
@@ -231,8 +251,11 @@ def judge(seen: RevisionTraffic, watch: WatchOptions, vllm: VllmSignals | None =
         return "too little traffic", f"{figures}: fewer than min_requests ({watch.min_requests}), not judged"
     ratio = min(failed / requests, 1.0)
     if ratio > slo.max_error_ratio:
-        what = "5xx ratio" if vllm is None else f"error ratio ({seen.errors} 5xx + {vllm.stream_errors} stream errors)"
-        return "breached", f"{figures}: {what} {ratio:.1%} above max_error_ratio {slo.max_error_ratio:.1%}"
+        parts = [f"{seen.errors} 5xx"] + ([f"{seen.throttled} 429"] if seen.throttled else [])
+        parts += [f"{vllm.stream_errors} stream errors"] if vllm is not None else []
+        what = "5xx ratio" if len(parts) == 1 else f"error ratio ({' + '.join(parts)})"
+        reason = f"{figures}: {what} {ratio:.1%} above max_error_ratio {slo.max_error_ratio:.1%}"
+        return "breached", reason + (throttled_reason(limits) if seen.throttled else "")
     if judged_on_vllm:
         assert vllm is not None
         for label, value, limit, name in (
@@ -244,6 +267,30 @@ def judge(seen: RevisionTraffic, watch: WatchOptions, vllm: VllmSignals | None =
     if slo.max_p95_ms is not None and seen.p95_ms is not None and seen.p95_ms > slo.max_p95_ms:
         return "breached", f"{figures}: request p95 {seen.p95_ms:,.0f} ms above max_p95_ms {slo.max_p95_ms:,.0f} ms"
     return "held", f"{figures}: within the SLO"
+
+
+def throttled_reason(limits: Limits | None) -> str:
+    """What the 429s in a breach mean, in the words the report and the run's failure carry."""
+    if limits is None:
+        return "; 429: the candidate could not keep up with its traffic, and Cloud Run refused the rest"
+    most = limits.max_instances if limits.max_instances is not None else "(Cloud Run's default)"
+    return (
+        f"; 429: the candidate could not keep up with its traffic at max instances {most} "
+        f"({limits.concurrency} requests each): Cloud Run refused what found every instance busy; make it faster, "
+        "or raise max_instances or concurrency"
+    )
+
+
+def revision_limits(target: GcpTarget, service_id: str, revision: str) -> Limits | None:
+    """The revision's max instances and concurrency as Cloud Run has them; None if it cannot be read (the verdict
+    then names the 429s without them)."""
+    name = f"{target.location_path}/services/{service_id}/revisions/{revision}"
+    try:
+        found = clients.run_revisions(target).get_revision(name=name)
+    except Exception as exc:  # the figures are a courtesy: the verdict stands without them
+        run_logger().warning("could not read %s's max instances and concurrency (%s)", revision, exc)
+        return None
+    return Limits(found.scaling.max_instance_count or None, found.max_instance_request_concurrency)
 
 
 def watch_step(
@@ -280,11 +327,15 @@ def watch_step(
         answered = send_load(target, load)
         log.info("%s: sent %d chat completions to %s (%d answered 200) for the watch to judge", step,
                  load.requests, revision, answered)  # fmt: skip
+    limits: Limits | None = None
     while True:
         now = datetime.now(UTC)
         seen = revision_traffic(target, service_id, revision, began, now)
+        seen.throttled = throttled_requests(target, service_id, revision, began, now)
         signals = revision_signals(target, service_id, revision, began, now) if vllm else None
-        verdict, reason = judge(seen, watch, signals)
+        if seen.throttled and limits is None:
+            limits = revision_limits(target, service_id, revision)
+        verdict, reason = judge(seen, watch, signals, limits)
         elapsed = time.monotonic() - started
         window_seen = seen.newest_sample_end is not None and (seen.newest_sample_end - began).total_seconds() >= window
         whole = elapsed >= window and (window_seen or elapsed >= window + target.metrics_delay_seconds)
@@ -300,7 +351,7 @@ def watch_step(
             _touch(keep_warm[0], token)
         time.sleep(period)
     result = StepResult(
-        step=step, split=describe_split(split), requests=seen.requests, errors=seen.errors,
+        step=step, split=describe_split(split), requests=seen.offered, errors=seen.errors, throttled=seen.throttled,
         error_ratio=seen.error_ratio, p95_ms=seen.p95_ms, verdict=verdict, reason=reason,
         seconds=round(time.monotonic() - started, 2),
     )  # fmt: skip
@@ -345,13 +396,16 @@ def _touch(url: str, token: SecretStr) -> None:
 
 
 def read_revision(target: GcpTarget, service_id: str, revision: str, vllm: bool = False) -> RevisionTraffic:
-    """The revision's metrics of the last sampling periods: proves the watch can read them (permission, API).
+    """The revision's metrics of the last sampling periods, and its 429s in its request log: proves the watch can read
+    both (permissions, APIs) before traffic moves.
 
     With ``vllm``, also that the sidecar writes vLLM's metrics for it: its start-up scrape comes 10 s after it
     starts, so this waits up to two sampling periods and the longest delay for the first series, then says why none
     came (the serving account's metricWriter role, or vLLM not on the scraped port)."""
     now = datetime.now(UTC)
-    seen = revision_traffic(target, service_id, revision, now - timedelta(seconds=target.metrics_delay_seconds), now)
+    since = now - timedelta(seconds=target.metrics_delay_seconds)
+    seen = revision_traffic(target, service_id, revision, since, now)
+    seen.throttled = throttled_requests(target, service_id, revision, since, now)
     if not vllm:
         return seen
     deadline = time.monotonic() + 2 * target.metrics_sample_seconds + target.metrics_delay_seconds

@@ -2,8 +2,9 @@
 
 ``run.googleapis.com/request_count`` (DELTA, INT64, by ``response_code_class``) and
 ``run.googleapis.com/request_latencies`` (DELTA, DISTRIBUTION, ms) of resource ``cloud_run_revision`` (Google Cloud
-metrics, "run"). Cloud Run samples them every 60 s, and a sample is not visible for up to 180 s after: a reader
-must wait for the data of a period before it knows that period was quiet (``visible_until``).
+metrics, "run"). Neither counts the 429s Cloud Run answers itself when every instance is busy: those come from the
+revision's request log (request_log.py). Cloud Run samples them every 60 s, and a sample is not visible for up to
+180 s after: a reader must wait for the data of a period before it knows that period was quiet (``visible_until``).
 
 The raw points are read (``ALIGN_NONE``) and summed here, not aligned by the API: an aligned point covers the
 alignment period that ends at the interval's end (at least 60 s), which reaches back before a traffic step that
@@ -68,21 +69,32 @@ class LatencyHistogram:
 @dataclass
 class RevisionTraffic:
     """What one revision served in an interval, as Cloud Monitoring has seen it so far: requests, by
-    response_code_class ("5xx"), their latencies, and the end of the newest sampling period seen."""
+    response_code_class ("5xx"), their latencies, and the end of the newest sampling period seen; and the requests
+    Cloud Run refused it with 429 (``throttled``, from its request log: tasks/watch/request_log.py)."""
 
     requests: int = 0
     by_class: dict[str, int] = field(default_factory=dict)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     newest_sample_end: datetime | None = None
+    throttled: int = 0
+    """Requests Cloud Run answered 429 with every instance busy: not in ``requests`` (request_count leaves out what
+    never reached the container)."""
 
     @property
     def errors(self) -> int:
-        """Server errors (5xx): what the candidate did wrong. 4xx are the callers' mistakes."""
+        """Server errors (5xx): what the candidate did wrong. Other 4xx are the callers' mistakes; a 429 over
+        capacity is the candidate's too (too slow for its traffic), counted apart as ``throttled``."""
         return self.by_class.get("5xx", 0)
 
     @property
+    def offered(self) -> int:
+        """Every request sent to the revision: those that reached it and those Cloud Run refused for it."""
+        return self.requests + self.throttled
+
+    @property
     def error_ratio(self) -> float | None:
-        return self.errors / self.requests if self.requests else None
+        """The share of its requests that failed for the revision's sake: 5xx and 429s."""
+        return (self.errors + self.throttled) / self.offered if self.offered else None
 
     @property
     def p95_ms(self) -> float | None:

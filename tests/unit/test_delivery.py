@@ -14,7 +14,7 @@ from flows.common import ModelSpec, validated
 from tasks.checks.preflight import check_candidate_quota
 from tasks.deploy.traffic import canary_split
 from tasks.report.report import PromotionReport
-from tasks.watch.canary import RolledBack, StepResult, WatchOptions, check_canary, judge
+from tasks.watch.canary import Limits, RolledBack, StepResult, WatchOptions, check_canary, judge
 from tasks.watch.monitoring import LatencyHistogram, RevisionTraffic, add_distribution, bucket_bounds, parse_time
 
 
@@ -63,6 +63,24 @@ def test_verdicts() -> None:
     assert judge(traffic(99, 1), watch)[0] == "held"
     verdict, reason = judge(traffic(100, 0, latency_ms=2000), watch)
     assert verdict == "breached" and "above max_p95_ms 1,000 ms" in reason
+
+
+def test_cloud_runs_429s_are_the_candidates_failures_and_the_verdict_says_why() -> None:
+    """A candidate too slow for its traffic: Cloud Run refused 40 of its 100 requests (every instance busy)."""
+    seen = traffic(60, 0)
+    seen.throttled = 40
+    verdict, reason = judge(seen, WatchOptions(max_error_ratio=0.05, max_p95_ms="off"), limits=Limits(1, 4))
+    assert verdict == "breached"
+    assert reason.startswith("100 requests, 0 5xx, 40 429, request p95 ")
+    assert ": error ratio (0 5xx + 40 429) 40.0% above max_error_ratio 5.0%; 429: " in reason
+    assert "429: the candidate could not keep up with its traffic at max instances 1 (4 requests each)" in reason
+    assert seen.error_ratio == 0.4 and seen.offered == 100
+    # Within the budget they are figures, not a breach; without any, the figures read as before.
+    few = traffic(99, 0)
+    few.throttled = 1
+    verdict, reason = judge(few, WatchOptions(max_error_ratio=0.05, max_p95_ms="off"))
+    assert verdict == "held" and reason.startswith("100 requests, 0 5xx, 1 429, request p95 ")
+    assert judge(traffic(100, 0), WatchOptions(max_p95_ms="off"))[1].startswith("100 requests, 0 5xx, request p95 ")
 
 
 def test_an_empty_max_p95_ms_is_the_60_s_default_and_off_is_said_as_off() -> None:

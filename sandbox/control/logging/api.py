@@ -2,8 +2,8 @@
 
 ``POST /v2/entries:list`` with ``{resourceNames: ["projects/P"], filter, orderBy, pageSize, pageToken}``
 answers ``{entries: [LogEntry...], nextPageToken}`` (both omitted when empty, as proto3 JSON does). The
-entries are the container logs of the Cloud Run stand-in's revisions (entries.py). Rules kept from the
-real API: only ``timestamp asc`` (the default) and ``timestamp desc`` orderings; ``pageSize`` defaults to
+entries are the container logs of the Cloud Run stand-in's revisions and its front ends' 429s (entries.py). Rules
+kept from the real API: only ``timestamp asc`` (the default) and ``timestamp desc`` orderings; ``pageSize`` defaults to
 50 and above 1000 is refused; a page token belongs to the query that produced it; a project other than the
 sandbox's is 403, as for a caller without ``logging.logEntries.list`` there.
 """
@@ -23,7 +23,16 @@ from starlette.routing import BaseRoute, Route
 from sandbox.control import ControlContext
 from sandbox.control.errors import GoogleApiError, invalid_argument
 from sandbox.control.logging import filters
-from sandbox.control.logging.entries import LogStore, RevisionLog, all_lines, entry_json, field_value, instance_id_for
+from sandbox.control.logging.entries import (
+    ABORTED,
+    LogStore,
+    RevisionLog,
+    all_lines,
+    entry_json,
+    field_value,
+    instance_id_for,
+    resource_value,
+)
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
@@ -51,6 +60,10 @@ class Logging:
     async def shutdown(self) -> None:
         return None
 
+    def record_request(self, location: str, service_id: str, revision: str, http_request: dict) -> None:
+        """A request the Cloud Run front end answered itself (a 429 over capacity), into the revision's request log."""
+        self.store.record_request(service_id, revision, location, http_request, ABORTED)
+
     # entries.list -----------------------------------------------------------------------------------------
     async def list_entries(self, request: Request) -> JSONResponse:
         try:
@@ -73,9 +86,17 @@ class Logging:
         cursor = _decode_token(str(body.get("pageToken", "")), query)
 
         project = self.config.project
+        # The resource's clauses hold for a whole log or for none of its lines: only the logs they select are scanned
+        # line by line (a session's many revisions, read at every watch period, would otherwise all be).
+        of_resource = [c for c in clauses if c.field.startswith("resource.")]
+        logs = [
+            log
+            for log in self._refresh()
+            if filters.matcher(of_resource, lambda name, log=log: resource_value(log, project, name))
+        ]
         matched = [
             (log, line)
-            for log, line in all_lines(self._refresh())
+            for log, line in all_lines(logs)
             if filters.matcher(clauses, lambda name, log=log, line=line: field_value(log, line, project, name))
         ]
         matched.sort(key=lambda pair: (pair[1].ts_ns, pair[1].seq), reverse=descending)

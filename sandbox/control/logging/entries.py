@@ -17,6 +17,12 @@ insertId, instance id), so repeated queries and page tokens see one stable, appe
   Plain-text stdout becomes severity DEFAULT and stderr ERROR.
 - A trailing line without its newline is held back while an instance may still be writing it, as a log
   agent does.
+
+Request logs (``run.googleapis.com/requests``): Cloud Run writes one entry per request to a service ("Request logs
+(services only)", Cloud Run docs, Logging and viewing logs), with ``httpRequest`` and a severity from its status. The
+sandbox writes only the front end's own 429s there (``LogStore.record_request``; sandbox/control/run/throttle.py has
+the entry's words and sources): a WARNING with the status and "The request was aborted because there was no available
+instance. ...". Requests that reached an instance are not logged there (not modelled).
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ from sandbox.control.logging.filters import SEVERITIES
 RESOURCE_TYPE = "cloud_run_revision"
 JOB_RESOURCE_TYPE = "cloud_run_job"
 LOG_FILE = "container.log"
+REQUEST_LOG = "requests"  # a revision's request log: entries only, never a file
+# A 429's request log text (cal-itp/data-infra's runbook quotes it: sandbox/control/run/throttle.py).
+ABORTED = (
+    "The request was aborted because there was no available instance. Additional troubleshooting documentation can "
+    "be found at: https://cloud.google.com/run/docs/troubleshooting#abort-request"
+)
 JOB_LOG_FILES = re.compile(r"^task(\d+)/attempt(\d+)\.(stdout|stderr)$")
 STEP_NS = 1_000
 STDOUT_LINE = re.compile(
@@ -52,12 +64,16 @@ class LogLine:
     ts_ns: int
     received_ns: int
     text: str
-    stream: str  # "stdout" or "stderr"
+    stream: str  # "stdout", "stderr", or "requests" (the request log)
     instance_id: str
     insert_id: str
+    http_request: dict | None = None  # a request log entry's httpRequest
 
     @property
     def severity(self) -> str:
+        if self.http_request is not None:  # a request's status decides (a 429: WARNING, cal-itp/data-infra's runbook)
+            status = int(self.http_request.get("status", 0))
+            return "ERROR" if status >= 500 else "WARNING" if status >= 400 else "INFO"
         return "ERROR" if self.stream == "stderr" else "DEFAULT"
 
 
@@ -133,6 +149,17 @@ class LogStore:
             self._read(log, writers)
         return list(self.logs.values())
 
+    def record_request(self, service_id: str, revision: str, location: str, http_request: dict, text: str) -> None:
+        """A request log entry of ``revision``, written now (no file behind it: the front end reports it)."""
+        path = self.run_state_dir / service_id / revision / REQUEST_LOG
+        log = self.logs.get(path)
+        if log is None:
+            log = self.logs[path] = RevisionLog(path, service_id, revision, location, stream="requests")
+        seq = next(self._seq)
+        now = max(time.time_ns(), log.lines[-1].ts_ns + STEP_NS if log.lines else 0)
+        insert_id = hashlib.sha1(f"{path}:{seq}".encode()).hexdigest()[:20]
+        log.lines.append(LogLine(seq, now, now, text, "requests", "", insert_id, dict(http_request)))
+
     def _read(self, log: RevisionLog, writers: dict[Path, tuple[str, bool]]) -> None:
         try:
             stat = log.path.stat()
@@ -203,30 +230,41 @@ def rfc3339(ns: int) -> str:
 
 def entry_json(log: RevisionLog, line: LogLine, project: str) -> dict:
     """The LogEntry as entries.list returns it for a Cloud Run container log line."""
-    return {
+    entry = {
         "textPayload": line.text,
         "insertId": line.insert_id,
         "resource": {"type": log.resource_type, "labels": log.labels(project)},
         "timestamp": rfc3339(line.ts_ns),
         "severity": line.severity,
-        "labels": {"instanceId": line.instance_id, **log.entry_labels},
+        "labels": _entry_labels(log, line),
         "logName": log_name(project, line.stream),
         "receiveTimestamp": rfc3339(line.received_ns),
     }
+    if line.http_request is not None:
+        entry["httpRequest"] = line.http_request
+    if not entry["labels"]:
+        del entry["labels"]
+    return entry
+
+
+def _entry_labels(log: RevisionLog, line: LogLine) -> dict[str, str]:
+    """The entry's own labels: its instance (none for a request no instance took) and the log's."""
+    return {**({"instanceId": line.instance_id} if line.instance_id else {}), **log.entry_labels}
 
 
 def log_name(project: str, stream: str) -> str:
     return f"projects/{project}/logs/run.googleapis.com%2F{stream}"
 
 
-def field_value(log: RevisionLog, line: LogLine, project: str, name: str) -> str | int:
-    """The value a filter clause on ``name`` compares against."""
-    if name == "resource.type":
-        return log.resource_type
-    if name.startswith("resource.labels."):
-        return log.labels(project).get(name.removeprefix("resource.labels."), "")
+def field_value(log: RevisionLog, line: LogLine, project: str, name: str) -> str | int | None:
+    """The value a filter clause on ``name`` compares against; None for a field the entry does not have (no
+    comparison matches it, as in Logging's query language)."""
+    if name.startswith("resource."):
+        return resource_value(log, project, name)
     if name.startswith("labels."):
-        return {"instanceId": line.instance_id, **log.entry_labels}.get(name.removeprefix("labels."), "")
+        return _entry_labels(log, line).get(name.removeprefix("labels."), "")
+    if name == "httpRequest.status":
+        return int(line.http_request.get("status", 0)) if line.http_request is not None else None
     if name == "logName":
         return log_name(project, line.stream)
     if name == "severity":
@@ -234,6 +272,13 @@ def field_value(log: RevisionLog, line: LogLine, project: str, name: str) -> str
     if name == "timestamp":
         return line.ts_ns
     raise KeyError(name)
+
+
+def resource_value(log: RevisionLog, project: str, name: str) -> str:
+    """``resource.type`` or ``resource.labels.<label>`` of every entry of ``log``."""
+    if name == "resource.type":
+        return log.resource_type
+    return log.labels(project).get(name.removeprefix("resource.labels."), "")
 
 
 def all_lines(logs: Iterable[RevisionLog]) -> Iterable[tuple[RevisionLog, LogLine]]:

@@ -2,7 +2,8 @@
 
 Supported: comparisons on ``resource.type``, ``resource.labels.<label>``, ``labels."<key>"`` (an entry's own
 labels, such as a job's ``labels."run.googleapis.com/execution_name"``) and ``logName`` (``=`` only),
-``severity`` and ``timestamp`` (``=``, ``>``, ``>=``, ``<``, ``<=``), joined by the keyword ``AND``
+``severity``, ``timestamp`` and ``httpRequest.status`` (a request log's, e.g. ``httpRequest.status=429``) (``=``,
+``>``, ``>=``, ``<``, ``<=``), joined by the keyword ``AND``
 (upper case, as the real grammar requires) or by whitespace and newlines (an implicit AND, as on GCP).
 Values may be quoted (``"..."`` with backslash escapes) or bare. Anything else (``OR``, ``NOT``, ``:``,
 ``!=``, parentheses, other fields) is refused with 400 INVALID_ARGUMENT naming the clause: a stand-in that
@@ -47,8 +48,8 @@ _CLAUSE = re.compile(
 )
 _AND = re.compile(r"AND(?=\s)")
 SUPPORTED = (
-    'resource.type="...", resource.labels.<label>="...", labels."<key>"="...", logName="...", severity>=LEVEL and '
-    'timestamp>="RFC 3339", joined with AND'
+    'resource.type="...", resource.labels.<label>="...", labels."<key>"="...", logName="...", severity>=LEVEL, '
+    'timestamp>="RFC 3339" and httpRequest.status=CODE, joined with AND'
 )
 
 
@@ -135,9 +136,16 @@ def _clause(match: re.Match[str]) -> Clause:
                 f"Invalid timestamp '{value}' in filter clause '{text}': use RFC 3339, e.g. 2024-05-01T12:00:00Z."
             ) from None
         return Clause(text, field, op, stamp.ToNanoseconds())
+    if field == "httpRequest.status":
+        if op not in ORDERED_OPS:
+            raise _unsupported(text, f"operator '{op}' is not supported on {field}")
+        if not value.isdigit():
+            raise invalid_argument(f"Invalid status '{value}' in filter clause '{text}': an HTTP status code.")
+        return Clause(text, field, op, int(value))
     raise _unsupported(text, f"field '{field}' is not supported")
 
 
-def matcher(clauses: list[Clause], fields: Callable[[str], str | int]) -> bool:
-    """Whether an entry whose field values ``fields`` returns satisfies every clause."""
-    return all(ORDERED_OPS[c.op](fields(c.field), c.value) for c in clauses)
+def matcher(clauses: list[Clause], fields: Callable[[str], str | int | None]) -> bool:
+    """Whether an entry whose field values ``fields`` returns satisfies every clause (a field it lacks, None,
+    satisfies none)."""
+    return all((value := fields(c.field)) is not None and ORDERED_OPS[c.op](value, c.value) for c in clauses)

@@ -45,6 +45,7 @@ from sandbox.control.run.iam_policy import new_policy, post_policy_method
 from sandbox.control.run.images import DRIVERS, GMP_COLLECTOR, image_behaviour
 from sandbox.control.run.instances import Instance, InstanceSpec
 from sandbox.control.run.jobs import CloudRunJobs
+from sandbox.control.run.throttle import Throttle, revision_capacity
 from sandbox.control.run.validation import (
     GPU_LIMIT_KEY,
     check_service,
@@ -100,6 +101,7 @@ class ServiceRecord:
     pending_faults: list[dict] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     rollouts: set[asyncio.Task] = field(default_factory=set)
+    throttle: Throttle = field(default_factory=Throttle)  # in-flight requests per revision, for all its URLs
 
     @property
     def public(self) -> bool:
@@ -895,8 +897,18 @@ class CloudRun:
                 real_time = instance is not None and instance.spec.real_engine
                 monitoring.record_request(location, record.service_id, revision, status, seconds, real_time)
 
+        def capacity(short: str):
+            name = f"{record.service.name}/revisions/{short}"
+            return revision_capacity(record.revisions.get(name), self.instances.get(name))
+
+        def throttled(revision: str, http_request: dict) -> None:
+            logging = self.ctx.module("logging")  # the revision's request log (throttle.py)
+            if logging is not None:
+                logging.record_request(record.service.name.split("/")[3], record.service_id, revision, http_request)
+
         issuer = self.ctx.identity
-        app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http, issuer, served)
+        app = FrontEnd(routing, lambda short: self._instance_url(record, short), self._http, issuer, served,
+                       capacity, record.throttle, throttled)  # fmt: skip
         server = front_end_server(record.service_id, tag)
         return await serve_app(FaultMiddleware(app, server, self.faults), server)
 

@@ -15,9 +15,13 @@ passed on to the container. Requests are proxied to the instance of the chosen r
 
 Each request that reached an instance is reported to ``on_served(revision, status, seconds)`` once its response has
 finished streaming (the Cloud Monitoring stand-in counts them, sandbox/control/monitoring): the front end's own
-refusals (401/403, 503 with no instance) are not, as Cloud Run's request_count "excludes requests that are not
-reaching your container instances"; ``seconds`` runs from the hand-off to the instance to the last byte, as
-request_latencies "does not include container startup latency".
+refusals (401/403, 503 with no instance, 429 over capacity) are not, as Cloud Run's request_count "excludes requests
+that are not reaching your container instances"; ``seconds`` runs from the hand-off to the instance to the last byte,
+as request_latencies "does not include container startup latency".
+
+A revision whose instance already holds as many requests as it takes (``capacity``: max_instance_request_concurrency
+x the one instance the sandbox runs) makes a new request pend, then answers 429 "Rate exceeded." (throttle.py, with
+the sources); such a refusal goes to ``on_throttled(revision, http_request)``, for the revision's request log.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from dataclasses import dataclass
 import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
+from sandbox.control.run.throttle import THROTTLED_BODY, Capacity, Throttle
 from sandbox.identity import TokenIssuer
 
 FORBIDDEN = """<html><head><title>403 Forbidden</title></head><body><h1>Error: Forbidden</h1>
@@ -105,6 +110,9 @@ class FrontEnd:
         client: httpx.AsyncClient,
         issuer: TokenIssuer | None = None,
         on_served: Callable[[str, int, float], None] | None = None,
+        capacity: Callable[[str], Capacity | None] | None = None,
+        throttle: Throttle | None = None,
+        on_throttled: Callable[[str, dict], None] | None = None,
     ) -> None:
         self.routing = routing
         self.on_served = on_served
@@ -112,13 +120,20 @@ class FrontEnd:
         self.instance_url = instance_url
         self.client = client
         self.rng = random.Random()
+        self.capacity = capacity
+        self.throttle = throttle or Throttle()
+        self.on_throttled = on_throttled
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        response = await self._handle(request)
-        await response(scope, receive, send)
+        response, admitted = await self._handle(request)
+        try:
+            await response(scope, receive, send)
+        finally:  # the last byte went out, or the caller went away: the revision's slot frees up either way
+            if admitted:
+                self.throttle.release(admitted)
 
     def _refusal(self, request: Request, routing: Routing) -> Response | None:
         """Cloud Run's answer to a caller it does not let through, or None."""
@@ -138,18 +153,36 @@ class FrontEnd:
             return HTMLResponse(FORBIDDEN.format(path=path), status_code=403)
         return None
 
-    async def _handle(self, request: Request) -> Response:
+    async def _handle(self, request: Request) -> tuple[Response, str]:
+        """The answer, and the revision whose slot it holds until it has been sent ("" for none)."""
         routing = self.routing()
         if routing is None:
-            return Response("Not Found", status_code=404)
+            return Response("Not Found", status_code=404), ""
         if not routing.public:
             refused = self._refusal(request, routing)
             if refused is not None:
-                return refused
+                return refused, ""
         revision = routing.pick(self.rng)
         base = await self.instance_url(revision) if revision else None
-        if base is None:
-            return HTMLResponse(UNAVAILABLE, status_code=503)
+        if base is None or revision is None:
+            return HTMLResponse(UNAVAILABLE, status_code=503), ""
+        capacity = self.capacity(revision) if self.capacity is not None else None
+        if capacity is not None:
+            pending_since = time.monotonic()
+            if not await self.throttle.admit(revision, capacity):
+                self._throttled(request, revision, time.monotonic() - pending_since, capacity)
+                # x-sandbox-revision: which revision refused it (the sandbox's own header, as on proxied answers)
+                refused = PlainTextResponse(THROTTLED_BODY, 429, headers={"x-sandbox-revision": revision})
+                return refused, ""
+        try:
+            return await self._proxy(request, revision, base), revision if capacity is not None else ""
+        except BaseException:  # e.g. the caller went away before the instance answered
+            if capacity is not None:
+                self.throttle.release(revision)
+            raise
+
+    async def _proxy(self, request: Request, revision: str, base: str) -> Response:
+        """The instance's answer, streamed back as it comes."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         upstream = self.client.build_request(
             request.method,
@@ -184,3 +217,18 @@ class FrontEnd:
     def _served(self, revision: str, status: int, started: float) -> None:
         if self.on_served is not None:
             self.on_served(revision, status, time.monotonic() - started)
+
+    def _throttled(self, request: Request, revision: str, waited: float, capacity: Capacity) -> None:
+        """A 429 for the revision's request log: the LogEntry's httpRequest, its latency on the instance's clock."""
+        if self.on_throttled is None:
+            return
+        http_request = {
+            "requestMethod": request.method,
+            "requestUrl": str(request.url),
+            "status": 429,
+            "userAgent": request.headers.get("user-agent", ""),
+            "remoteIp": request.client.host if request.client else "",
+            "protocol": f"HTTP/{request.scope.get('http_version', '1.1')}",
+            "latency": f"{waited / capacity.time_scale:.6f}s",
+        }
+        self.on_throttled(revision, http_request)

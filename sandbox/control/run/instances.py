@@ -180,6 +180,8 @@ class Instance:
         self.on_ended: Callable[[Instance, str], Awaitable[None]] | None = None
         self._watch: asyncio.Task | None = None
         self._launched = 0.0  # the event loop's time when the ingress container was launched
+        # Seconds on its own clock until the startup probe passed (Cloud Run's startup latency; throttle.py).
+        self.startup_s: float | None = None
 
     @property
     def running(self) -> bool:
@@ -256,7 +258,7 @@ class Instance:
             )
         outcome = await self._probe_until_started()
         if outcome.ready:
-            self.ready_at = time.time()
+            self.ready_at, self.startup_s = time.time(), outcome.elapsed_sim_s
             self._watch = asyncio.create_task(self._watch_running())
         return outcome
 
