@@ -175,9 +175,18 @@ def gpu_type_of(template: run_v2.RevisionTemplate) -> str | None:
 
 
 def max_instances_of(service: run_v2.Service) -> int:
-    """Effective max instances: the smaller of the service-level and revision-level settings."""
+    """Effective max instances: the smaller of the service-level and revision-level settings; 0 when neither is set."""
     candidates = [c for c in (service.scaling.max_instance_count, service.template.scaling.max_instance_count) if c]
-    return min(candidates) if candidates else DEFAULT_MAX_INSTANCES
+    return min(candidates) if candidates else 0
+
+
+def default_max_instances(cpu: float, memory_gib: float, config: SandboxConfig) -> int:
+    """Max instances of a CPU service when none is set: Cloud Run takes the lowest of what the region's quotas hold of
+    one instance ("About maximum instances"; google/oss-rebuild PR 1605: "Without a scaling block Cloud Run caps the
+    service at the default 20 instances"), and never above its default of 100. At least one: an instance no quota
+    holds is refused as with a maximum of 1."""
+    fits = [DEFAULT_MAX_INSTANCES, math.floor(config.cpu_quota / cpu), math.floor(config.memory_quota_gib / memory_gib)]
+    return max(min(fits), 1)
 
 
 def cpu_idle_effective(resources: run_v2.ResourceRequirements, has_resources: bool) -> bool:
@@ -543,8 +552,11 @@ def _check_gpu_and_capacity(service: run_v2.Service, region: str, config: Sandbo
     accelerator = gpu_type_of(template)
     gpu_limits = [dict(c.resources.limits)[GPU_LIMIT_KEY] for c in containers if GPU_LIMIT_KEY in c.resources.limits]
     gpu_count = gpu_limits[0] if len(gpu_limits) == 1 else (str(len(gpu_limits)) if gpu_limits else None)
-    max_instances = max_instances_of(service)
     gpu = bool(accelerator or gpu_count)
+    # A GPU service must set its maximum within the GPU quota (Cloud Run's GPU docs): unset, it is Cloud Run's 100.
+    max_instances = max_instances_of(service) or (
+        DEFAULT_MAX_INSTANCES if gpu else default_max_instances(cpu, memory_gib, config)
+    )
     for index, each in enumerate(template.containers):
         if each.startup_probe:
             _check_probe_limits(f"spec.template.spec.containers[{index}].startupProbe", each.startup_probe, gpu)
