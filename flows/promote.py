@@ -349,13 +349,13 @@ def _promote(
         # The service as it will be sent, checked before any cloud call (only the image digest is still unknown).
         planned, build_yaml = _planned_service(target, profile, source, service_id, weights, exact_tag=dry_run)
         report.findings += raise_on_errors(check_service(profile, planned))
-        if not dry_run:  # the candidate's instance beside everything running in the region
-            report.findings += raise_on_errors(check_room(target, profile, service_id, delivery.rollout, needs,
-                                                          dict(planned.template.labels)))  # fmt: skip
     if dry_run:
         _show_dry_run(report, target, source, planned, build_yaml)
         return
     with service_lock(target, service_id) as lock:
+        with report.step("room"):  # under the lock, so that a promotion of the service just before it counts
+            labels = dict(planned.template.labels)
+            report.findings += raise_on_errors(check_room(target, profile, service_id, delivery.rollout, needs, labels))
         with report.step("infrastructure"):
             for line in ensure_infrastructure(target, profile, source):
                 run_logger().info(line)

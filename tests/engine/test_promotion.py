@@ -203,7 +203,8 @@ def test_the_watch_judges_the_real_engines_own_metrics(sb, flow_env):
     new_commit(sb)
     try:
         # No latency limits that two busy cores could break: the figures must come from the engine, not pass a bar.
-        second = promote_model(**params, watch={"samples": 3, "min_requests": 3, "max_ttft_p95_ms": 600_000,
+        # Ten periods (6 s): a real engine on two loaded cores streams a few answers in them, not always in three.
+        second = promote_model(**params, watch={"samples": 10, "min_requests": 3, "max_ttft_p95_ms": 600_000,
                                                 "max_tpot_p95_ms": 600_000, "max_p95_ms": "off"})  # fmt: skip
     finally:
         users.stop.set()

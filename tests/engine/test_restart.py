@@ -1,4 +1,5 @@
-"""The liveness probe with the REAL engine (issue 35): EngineCore is killed, the API server keeps answering with
+"""The liveness probe with the REAL engine (issue 35; after test_promotion.py, whose first promotion stages the
+weights afresh): EngineCore is killed, the API server keeps answering with
 /health at 503, Cloud Run's liveness probe fails and the instance is restarted; the service answers again.
 
 vLLM's API server shuts itself down within 5 s of its engine's death (launcher.py's watchdog; the calibration tier
