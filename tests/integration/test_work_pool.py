@@ -153,6 +153,9 @@ def writes(sb, since: int) -> list[str]:
     return [f"{r['method']} {r['path']}" for r in sb.requests(since=since) if r["method"] not in ("GET", "HEAD")]
 
 
+# Counts build creates: the grants bootstrap makes count at once here, so that no create is refused while they
+# propagate (test_build_identity.py covers the product's waits through that window).
+@pytest.mark.usefixtures("grants_propagated")
 def test_the_worker_image_is_built_once_from_the_projects_dockerfile_and_found_the_second_time(sb, target, project):
     since = sb.last_request_seq()
     image = build_worker_image(target, project)
