@@ -134,6 +134,31 @@ def iam_propagated(iam_propagation: Callable[[float], dict]) -> None:
     iam_propagation(0)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def module_leaves_region_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module of the default tiers that uses the session sandbox deletes the Cloud Run services it made, when it
+    ends: the sandbox is a new project (one L4 instance fills its 40 GiB) and preflight counts what runs in the
+    region, so a module's services left up would take the next module's room. (The engine and worker tiers start
+    their own sandboxes.)"""
+    path = str(request.node.path)
+    items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    if "/tests/engine/" in path or "/tests/worker/" in path or not any("sandbox" in i.fixturenames for i in items):
+        yield
+        return
+    from google.api_core import exceptions as gexc
+
+    from tasks.common import clients
+
+    target = request.getfixturevalue("sandbox_target")
+    services = clients.run_services(target)
+    before = {s.name for s in services.list_services(parent=target.location_path)}
+    yield
+    for service in services.list_services(parent=target.location_path):
+        if service.name not in before:
+            with contextlib.suppress(gexc.GoogleAPICallError):
+                services.delete_service(name=service.name).result(polling=clients.operation_polling(target))
+
+
 @pytest.fixture
 def grants_propagated(grant_propagation: Callable[[float], dict]) -> None:
     """Roles granted count at once (a new project's 2 minutes cut to none): for tests that grant with raw calls,

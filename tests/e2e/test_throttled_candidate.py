@@ -11,7 +11,8 @@ from tests.support.artifacts import artifact
 from tests.support.promotion import promote_watched as promote
 from tests.support.promotion import run_service
 
-pytestmark = pytest.mark.prefect
+# The candidate runs beside the serving revision (zero-downtime): the watch's 429 mechanics, not the quota, are tested.
+pytestmark = [pytest.mark.prefect, pytest.mark.usefixtures("raised_quota")]
 PROFILE = "e2e-throttle"
 RATE = 4.0  # the users' requests per real second, whatever the answers (open loop, as real users arrive)
 SLOW_CHAT_MS = 200_000  # the slow candidate's every chat: 200 simulated s, 2 real s: 8 in flight for 4 slots

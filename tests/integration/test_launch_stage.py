@@ -56,6 +56,7 @@ def test_a_preview_gpu_without_launch_stage_beta_is_refused_as_cloud_run_does(se
 
 
 @pytest.mark.parametrize("stage", ["BETA", "ALPHA"])
+@pytest.mark.usefixtures("raised_quota")  # an RTX Pro 6000 instance is 80 GiB: no new project holds one
 def test_a_preview_gpu_is_admitted_at_beta_or_a_less_stable_stage(services, sandbox_target, stage):
     admitted = validate(services, sandbox_target, gpu_service("w", **RTX, launch_stage=stage), f"launch-{next(_ids)}")
     assert admitted.template.node_selector.accelerator == "nvidia-rtx-pro-6000"
@@ -86,6 +87,7 @@ def rendered_rtx_service(target: GcpTarget) -> run_v2.Service:
     return render_service(profile, target, source, weights, profile.image or "", revision="")
 
 
+@pytest.mark.usefixtures("raised_quota")  # an RTX Pro 6000 instance is 80 GiB: no new project holds one
 def test_the_products_rtx_pro_6000_service_is_admitted_and_would_not_be_without_its_launch_stage(
     services, infra_target
 ):

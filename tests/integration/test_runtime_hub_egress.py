@@ -22,6 +22,9 @@ from tasks.deploy.revision_logs import revision_log_tail
 from tasks.infra import access, ensure
 from tests.support.models import tiny_model_files, upload_model
 
+# Raw calls grant the bucket and the secret, with no product wait for their propagation.
+pytestmark = pytest.mark.usefixtures("grants_propagated")
+
 _ids = itertools.count()
 TOKENIZER = "sandbox/gated-chat"  # gated: only HF_TOKEN (the sandbox token) opens it
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -95,6 +98,7 @@ def test_runtime_hub_access_renders_egress_that_reaches_the_hub(sb, setup):
 
 def test_the_old_rendering_all_traffic_without_cloud_nat_cannot_reach_the_hub(sb, setup):
     target = setup[0]
+    sb.run("POST", "/idle")  # the module's earlier service, idle, holds no memory: a new project holds one L4
     service_id = f"egress-hub-{next(_ids)}"
     spec = rendered(setup, service_id)
     spec.template.vpc_access.egress = ALL_TRAFFIC  # what the renderer sent before issue 12
@@ -114,6 +118,7 @@ def test_the_old_rendering_all_traffic_without_cloud_nat_cannot_reach_the_hub(sb
 
 def test_runtime_hub_access_in_offline_mode_fails_the_same_way_without_a_request(sb, setup):
     target = setup[0]
+    sb.run("POST", "/idle")  # the module's earlier service, idle, holds no memory: a new project holds one L4
     service_id = f"egress-hub-{next(_ids)}"
     spec = rendered(setup, service_id)
     spec.template.containers[0].env.append(run_v2.EnvVar(name="HF_HUB_OFFLINE", value="1"))  # the old default

@@ -20,6 +20,9 @@ from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import SERVED_NAME, gpu_service, health_probe
 
 BUCKET = "throttle-test-weights"
+# Raw calls grant the weights bucket, with no product wait for its propagation.
+pytestmark = pytest.mark.usefixtures("grants_propagated")
+
 _ids = itertools.count()
 
 
