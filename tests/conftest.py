@@ -20,6 +20,7 @@ import pytest
 
 from sandbox.handle import SandboxHandle
 from sandbox.metadata import point_google_auth_at
+from tests.support.region import services_deleted_after
 from tests.support.sandbox_config import config_setter
 
 # flow_env, for every tier that runs the flows (e2e, reliability, engine).
@@ -145,18 +146,8 @@ def module_leaves_region_as_found(request: pytest.FixtureRequest) -> Iterator[No
     if "/tests/engine/" in path or "/tests/worker/" in path or not any("sandbox" in i.fixturenames for i in items):
         yield
         return
-    from google.api_core import exceptions as gexc
-
-    from tasks.common import clients
-
-    target = request.getfixturevalue("sandbox_target")
-    services = clients.run_services(target)
-    before = {s.name for s in services.list_services(parent=target.location_path)}
-    yield
-    for service in services.list_services(parent=target.location_path):
-        if service.name not in before:
-            with contextlib.suppress(gexc.GoogleAPICallError):
-                services.delete_service(name=service.name).result(polling=clients.operation_polling(target))
+    with services_deleted_after(request.getfixturevalue("sandbox_target")):
+        yield
 
 
 @pytest.fixture

@@ -24,21 +24,11 @@ from tasks.deploy.probe import VerificationFailed
 from tests.support.artifacts import artifact
 from tests.support.locks import wait_until
 from tests.support.promotion import promote, promote_watched, run_service
+from tests.support.region import running, writes
 
 pytestmark = pytest.mark.prefect
 _ids = itertools.count()
 SLO = {"max_error_ratio": 0.02, "max_p95_ms": "off", "min_requests": 5}  # the fault here is errors, not latency
-
-
-def running(sb, service: str) -> list[str]:
-    return sorted(i["revision"].rsplit("/", 1)[1] for i in sb.run("GET", "/instances")
-                  if f"/services/{service}/" in i["revision"] and i["running"])  # fmt: skip
-
-
-def writes(sb, since: int) -> list[str]:
-    reads = (":testIamPermissions", ":batchGet")
-    return [f"{r['method']} {r['path']}" for r in sb.requests("control", since=since)
-            if r["method"] != "GET" and not r["path"].endswith(reads)]  # fmt: skip
 
 
 def answers(flow_env, service: str) -> httpx.Response:

@@ -20,6 +20,7 @@ from tasks.common import clients
 from tasks.deploy.cloudrun import DeployFailed, deploy_candidate
 from tests.support.artifacts import artifact
 from tests.support.promotion import promote, run_service
+from tests.support.region import running, writes
 from tests.support.run_log import run_logs
 
 pytestmark = pytest.mark.prefect
@@ -35,17 +36,6 @@ def one_rtx_gpu(sb, raised_quota) -> Iterator[None]:
     sb.configure(gpu_quota={**before["gpu_quota"], "nvidia-rtx-pro-6000": 1})
     yield
     sb.configure(gpu_quota=before["gpu_quota"])
-
-
-def running(sb, service: str) -> list[str]:
-    return sorted(i["revision"].rsplit("/", 1)[1] for i in sb.run("GET", "/instances")
-                  if f"/services/{service}/" in i["revision"] and i["running"])  # fmt: skip
-
-
-def writes(sb, since: int) -> list[str]:
-    reads = (":testIamPermissions", ":batchGet")
-    return [f"{r['method']} {r['path']}" for r in sb.requests("control", since=since)
-            if r["method"] != "GET" and not r["path"].endswith(reads)]  # fmt: skip
 
 
 def test_on_one_gpu_a_candidate_cannot_start_beside_the_serving_revision(sb, flow_env, one_rtx_gpu):

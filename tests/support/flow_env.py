@@ -6,10 +6,11 @@ blocks for that one."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import pytest
+
+from tests.support.region import services_deleted_after
 
 
 @pytest.fixture(scope="session")
@@ -43,15 +44,5 @@ def region_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
     if "flow_env" not in request.fixturenames:
         yield
         return
-    from google.api_core import exceptions as gexc
-
-    from tasks.common import clients
-
-    target = request.getfixturevalue("flow_env")
-    services = clients.run_services(target)
-    before = {s.name for s in services.list_services(parent=target.location_path)}
-    yield
-    for service in services.list_services(parent=target.location_path):
-        if service.name not in before:
-            with contextlib.suppress(gexc.GoogleAPICallError):
-                services.delete_service(name=service.name).result(polling=clients.operation_polling(target))
+    with services_deleted_after(request.getfixturevalue("flow_env")):
+        yield
