@@ -8,9 +8,6 @@ it stays where it was, and the report says so.
 
 from __future__ import annotations
 
-import math
-from typing import get_args
-
 import httpx
 from google.api_core import exceptions as gexc
 from google.cloud import run_v2
@@ -24,21 +21,16 @@ from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
 from flows.delivery import Delivery, DeliveryRun, deliver, watch_promoted
 from flows.doctor import check_project
+from flows.preflight import check_rollout, preflight, room_for_candidate
 from flows.replace import Stopped, deliver_in_place, resume_after_failed_replace, stop_for_replace
 from flows.service_lock import ServiceLock
 from tasks.checks import act_as
-from tasks.checks.build_region import check_build_region
-from tasks.checks.findings import Finding, error
-from tasks.checks.in_use import check_room
 from tasks.checks.preflight import (
     ModelFacts,
-    check_candidate_quota,
     check_model,
-    check_profile,
     check_service,
     raise_on_errors,
 )
-from tasks.checks.quotas import Need, QuotaExceeded, check_region_quotas, gpu_quota
 from tasks.common import clients
 from tasks.common.gcp import explain_forbidden
 from tasks.common.logs import run_logger
@@ -52,11 +44,9 @@ from tasks.deploy.cloudrun import (
     run_verify_candidate,
     service_id_for,
     service_path,
-    serving_traffic,
 )
 from tasks.deploy.probe import VerifyOptions
 from tasks.deploy.render import Weights, gcloud_command, render_service, revision_name, service_yaml
-from tasks.deploy.rollout import Rollout
 from tasks.image.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.image.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.infra import access, build_identity, ensure
@@ -123,13 +113,6 @@ def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: Mo
         # so it never shows among the run's parameters in the UI, and never logged. Preflight made sure it exists.
         results += [ensure.secretmanager_ensure_hf_token(target, source), access.secretmanager_grant_accessor(target)]
     return [f"{r.kind} {r.name}: {r.action}" + (f" ({'; '.join(r.changes)})" if r.changes else "") for r in results]
-
-
-_NO_RUNTIME_TOKEN = (
-    "hf_token_at_runtime: the service is to get HF_TOKEN from Secret Manager, but there is no token to store; "
-    "name a Prefect Secret block in token_secret_block (or set HF_TOKEN on the worker), or turn "
-    "hf_token_at_runtime off"
-)
 
 
 def _planned_image(target: GcpTarget, profile: ServingProfile, exact_tag: bool) -> tuple[str, str | None]:
@@ -342,7 +325,7 @@ def _promote(
             # Read-only project checks first: a disabled API or a missing role fails here, before anything is spent.
             check_project(target, profile, service_id)
     with report.step("preflight"):
-        needs = _preflight(report, target, profile, source, delivery, dry_run)
+        needs = preflight(report, target, profile, source, delivery, dry_run)
     with report.step("resolve"):
         weights = _resolve_revision(report, target, profile, source)
     with report.step("check service"):
@@ -355,7 +338,7 @@ def _promote(
     with service_lock(target, service_id) as lock:
         with report.step("room"):  # under the lock, so that a promotion of the service just before it counts
             labels = dict(planned.template.labels)
-            report.findings += raise_on_errors(check_room(target, profile, service_id, delivery.rollout, needs, labels))
+            room = room_for_candidate(report, target, profile, delivery, needs, labels)
         with report.step("infrastructure"):
             for line in ensure_infrastructure(target, profile, source):
                 run_logger().info(line)
@@ -365,6 +348,8 @@ def _promote(
             report.image = image = resolve_image(target, profile, attempt=cloudbuild_run_build)
         with report.step("render"):
             spec = _render(report, target, profile, source, staged, image.image)
+            if room.deferred:  # the same weights: a new image or new flags make a candidate that needs room too
+                room_for_candidate(report, target, profile, delivery, needs, labels, spec.template.revision)
         with report.step("deploy candidate"):
             candidate, stopped = _deploy_candidate(report, target, profile, spec, delivery, lock, force)
         run = DeliveryRun(target, service_id, candidate, delivery, delivery.samples(profile), lock)
@@ -380,42 +365,6 @@ def _promote(
         with report.step("invokers"):
             access.run_ensure_invokers(target, service_id)
         _where_traffic_stands(report, target, service_id)
-
-
-def _preflight(
-    report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource, delivery: Delivery,
-    dry_run: bool,
-) -> list[Need]:  # fmt: skip
-    """What would fail later, refused before any cloud write: the profile's findings, a runtime token there is none
-    of, a canary with no watch, the region's quotas, a build region Cloud Build will not build in, and the
-    candidate's GPU beside the serving revision's. Returns the quota figures judged by."""
-    report.findings = raise_on_errors(
-        _with_quota_refusal(check_profile(profile, target, report.service), target, profile)
-    )
-    if profile.hf_token_at_runtime and clients.hub_token(source) is None:
-        raise ValueError(_NO_RUNTIME_TOKEN)
-    if delivery.canary and delivery.samples(profile) == 0:
-        raise ValueError(
-            f"canary: {delivery.canary} needs each step watched, but the watch is off (watch.samples or the "
-            "profile's watch_samples is 0); set watch.samples (e.g. 10), or leave canary empty"
-        )
-    needs = check_region_quotas(target, profile)  # vCPU, memory, GPUs: what Cloud Run would refuse at deploy
-    check_build_region(target, profile)  # a build_region Cloud Build restricts the project from (reads only)
-    if profile.gpu_type and not dry_run:  # a second GPU for the candidate, beside the serving revision
-        report.findings += raise_on_errors(_candidate_quota(target, profile, report.service, delivery, needs))
-    return needs
-
-
-def _with_quota_refusal(findings: list[Finding], target: GcpTarget, profile: ServingProfile) -> list[Finding]:
-    """The profile's findings and, when they refuse it anyway, the region's quota refusal too: a user fixes every
-    problem in one go rather than meeting the quota after fixing the rest (reads only, no write)."""
-    if not any(f.severity == "error" for f in findings):
-        return findings
-    try:
-        check_region_quotas(target, profile)
-    except QuotaExceeded as exc:
-        return [*findings, error("max_instances", str(exc).removeprefix("max_instances: "))]
-    return findings
 
 
 def _resolve_revision(
@@ -517,36 +466,6 @@ def _verify_or_abandon(
             if stopped is not None:
                 resume_after_failed_replace(report, run.target, run.service_id, stopped, profile, run.lock)
         raise
-
-
-def check_rollout(rollout: str) -> Rollout:
-    if rollout not in get_args(Rollout):
-        raise ValueError(
-            f"rollout: '{rollout}' is not a rollout; use zero-downtime (the candidate starts beside the serving "
-            "revision) or replace (the serving revision stops first: no second GPU, but downtime)"
-        )
-    return rollout  # type: ignore[return-value]
-
-
-def _serves(target: GcpTarget, service_id: str) -> bool:
-    try:
-        return bool(serving_traffic(target, service_id))
-    except gexc.NotFound:
-        return False
-
-
-def _candidate_quota(
-    target: GcpTarget, profile: ServingProfile, service_id: str, delivery: Delivery, needs: list[Need]
-) -> list:
-    """Whether the region's GPU quota (in ``needs``: the one GPU quota figure the quota check judged by,
-    tasks/checks/quotas.gpu_need) holds the candidate beside the serving revision (zero-downtime, canary)."""
-    assert profile.gpu_type is not None
-    gpu = next((n for n in needs if n.quota.unit == "GPU"), None)
-    limit = gpu.limit if gpu is not None else None
-    quota = None if limit is None else -1 if limit == math.inf else math.floor(limit)
-    quota_id = gpu_quota(profile.gpu_type, profile.gpu_zonal_redundancy).quota_id
-    serving = _serves(target, service_id)
-    return check_candidate_quota(profile, delivery.rollout, delivery.canary, serving, quota, target.region, quota_id)
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:

@@ -159,17 +159,20 @@ def grants_propagated(grant_propagation: Callable[[float], dict]) -> None:
 
 
 @pytest.fixture
-def raised_quota(sandbox: SandboxHandle) -> Iterator[None]:
+def raised_quota(sandbox: SandboxHandle, sandbox_target) -> Iterator[None]:
     """A project whose Cloud Run quotas were raised for zero-downtime GPU delivery: 40 vCPU, 160 GiB, 3 RTX Pro 6000.
     A new project (20 vCPU, 40 GiB) cannot run a candidate L4 instance (8 vCPU, 32 GiB) beside the serving one, nor
     any RTX Pro 6000 instance (80 GiB): preflight refuses both, saying which quota to request
-    (tests/e2e/test_new_project.py). Tests of what happens after that request use this."""
+    (tests/e2e/test_new_project.py). Tests of what happens after that request use this. The services the test made
+    are deleted before the quota goes back: what runs under the raised quota would leave the next test no room (the
+    worker tier's next job could not start beside two idle L4 instances)."""
     before = sandbox.configure()
     raised = {"cpu_quota": 40, "memory_quota_gib": 160, "gpu_quota": {**before["gpu_quota"], "nvidia-rtx-pro-6000": 3}}
     sandbox.run("POST", "/idle")  # what earlier tests left idle holds nothing: 15 minutes have passed
     sandbox.configure(**raised)
     try:
-        yield
+        with services_deleted_after(sandbox_target):
+            yield
     finally:
         sandbox.configure(**{key: before[key] for key in raised})
 

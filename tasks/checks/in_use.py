@@ -70,6 +70,7 @@ class Holder:
     gpus: int = 0
     own: bool = False  # a revision of the service being promoted
     labels: dict[str, str] = field(default_factory=dict)  # the revision's
+    revision: str = ""  # its short name, for a service's revision
 
     def holds(self, quota: Quota, gpu_type: str | None) -> float:
         if quota is CPU:
@@ -173,7 +174,7 @@ def service_holders(target: GcpTarget, own_service: str, own_serving: bool) -> l
             accelerator = revision.node_selector.accelerator
             cpu, memory, gpus = size_of(revision.containers, accelerator)
             holders.append(Holder(f"service {service_id}, revision {name}", count, cpu, memory, accelerator, gpus, own,
-                                  dict(revision.labels)))  # fmt: skip
+                                  dict(revision.labels), name))  # fmt: skip
     return holders
 
 
@@ -207,24 +208,37 @@ def region_holders(target: GcpTarget, service_id: str, own_serving: bool) -> lis
 WEIGHT_LABELS = ("hf-model", "hf-commit")
 
 
+@dataclass(frozen=True)
+class Room:
+    """The room check's findings, and whether it was put off: the service serves these weights already, so whether
+    a candidate is made at all is known only once the image is resolved (``check_room`` again with its revision)."""
+
+    findings: list[Finding]
+    deferred: bool = False
+
+
 def check_room(
     target: GcpTarget, profile: ServingProfile, service_id: str, rollout: str, needs: list[Need],
-    planned_labels: dict[str, str],
-) -> list[Finding]:  # fmt: skip
+    planned_labels: dict[str, str], revision: str | None = None,
+) -> Room:  # fmt: skip
     """Refuse a candidate whose one instance the region's quotas cannot hold beside what runs now (``needs``: the
     limits check_region_quotas read). Zero-downtime keeps the service's serving revisions up beside it; replace stops
     them first, so they are not counted.
 
-    Not judged here: a service already serving these weights (``planned_labels``' model and commit). A rerun with the
-    same inputs makes no candidate, and whether other inputs changed is known only once the image is resolved; a new
-    candidate on the same weights that does not fit is refused by Cloud Run at the deploy, before traffic moves."""
+    Before the image is known (``revision`` None), a service already serving these weights (``planned_labels``'
+    model and commit) is not judged: a rerun with the same inputs makes no candidate. The flow asks again with the
+    rendered ``revision`` (weights, image and profile in its name): a revision the service has running makes no
+    candidate; any other (a new image, new flags) is judged like new weights, before the deploy."""
     limits = {n.quota.metric: n for n in needs if n.limit is not None and n.limit != math.inf}
     if not limits:
-        return []
+        return Room([])
     replace = rollout == "replace"
     holders = region_holders(target, service_id, own_serving=not replace)
-    if any(h.own and all(h.labels.get(k) == planned_labels.get(k) for k in WEIGHT_LABELS) for h in holders):
-        return []
+    own = [h for h in holders if h.own]
+    if revision is None and any(all(h.labels.get(k) == planned_labels.get(k) for k in WEIGHT_LABELS) for h in own):
+        return Room([], deferred=True)
+    if revision is not None and any(h.revision == revision for h in own):
+        return Room([])
     if replace:  # the service's own instances stop before the candidate starts
         holders = [h for h in holders if not h.own]
     candidate = {CPU.metric: float(profile.cpu), MEMORY.metric: float(profile.memory_gib)}
@@ -237,7 +251,7 @@ def check_room(
         if in_use + want <= need.limit + 1e-9:
             continue
         findings.append(error("rollout", _no_room(target, profile, need, held, in_use, want, rollout), 6))
-    return findings
+    return Room(findings)
 
 
 def _no_room(

@@ -53,6 +53,10 @@ def revision_names(wanted: str) -> list[str]:
 class DeployFailed(RuntimeError):
     """The candidate revision never became ready; the message carries Cloud Run's reason and its logs."""
 
+    def __init__(self, message: str, first_deploy: bool = False) -> None:
+        super().__init__(message)
+        self.first_deploy = first_deploy  # nothing served beside it
+
 
 class Candidate(BaseModel):
     service: str
@@ -254,7 +258,9 @@ def _first_deploy(target: GcpTarget, service_id: str, spec: run_v2.Service) -> C
     except gexc.GoogleAPICallError as exc:
         details = _failure_details(target, service_id, spec.template.revision, exc)
         delete_service(target, service_id)  # a service that never served is no state to keep: the rerun starts clean
-        raise DeployFailed(f"{details}\n(first deploy: nothing was serving before; the service was removed)") from None
+        raise DeployFailed(
+            f"{details}\n(first deploy: nothing was serving before; the service was removed)", first_deploy=True
+        ) from None
     tag_url = next(s.uri for s in created.traffic_statuses if s.tag == CANDIDATE_TAG)
     return Candidate(
         service=created.name, service_url=created.uri, revision=_short(created.latest_ready_revision),
@@ -459,6 +465,9 @@ def verify_candidate(
 
 
 GPU_QUOTA_REFUSAL = "Quota exceeded for total allowable count of GPUs per project per region"
+# Cloud Run's words when an instance would take the region past a quota at run time, for GPUs, CPU and memory alike
+# (sandbox/control/run/capacity.py names the sources of each).
+RUNTIME_QUOTA_REFUSAL = "Quota exceeded for total allowable"
 # How long a replace rollout waits for Cloud Run to release the stopped revision's GPU. Google publishes no figure; a
 # public single-GPU deploy script waits up to 3 minutes (4 tries 45 s apart, justin-thakral/dullyPDF's
 # scripts/deploy-detector-services.sh): twice that.
@@ -496,6 +505,9 @@ def deploy_when_startable(
             elif gpu_freed and GPU_QUOTA_REFUSAL in str(exc) and waited < GPU_RELEASE_DEADLINE_S:
                 why = f"Cloud Run has not released the stopped revision's GPU yet ({GPU_QUOTA_REFUSAL})"
             else:
+                if RUNTIME_QUOTA_REFUSAL in str(exc):
+                    beside = not gpu_freed and not exc.first_deploy  # a serving revision runs beside the candidate
+                    raise DeployFailed(f"{exc}\n{no_room_advice(replace_helps=beside)}") from None
                 if granted is not None:
                     run_logger().warning(
                         "the revision failed %.0f s after this run granted %s a role on gs://%s: if its log shows the "
@@ -508,6 +520,19 @@ def deploy_when_startable(
             time.sleep(pause)
             if before_retry is not None:
                 before_retry()
+
+
+def no_room_advice(replace_helps: bool) -> str:
+    """What to do when Cloud Run refused the candidate's instance for the region's quotas: preflight's room check
+    (tasks/checks/in_use.py) judged by what ran a minute or three ago, and something started since."""
+    ways = "stop or scale down what else runs in the region, or request more of that quota"
+    if replace_helps:
+        ways = ("set rollout: replace (the serving revision stops first, and the service answers 503 until the "
+                f"candidate takes its traffic), {ways}")  # fmt: skip
+    return (
+        'The region\'s Cloud Run quotas count every running instance and job task ("About maximum instances"): the '
+        f"candidate's instance did not fit beside them. Either {ways}; doctor's quota rows give the limits."
+    )
 
 
 run_check_candidate_verdict = task(name="run_check_candidate_verdict")(check_candidate_verdict)

@@ -16,7 +16,6 @@ from google.cloud import run_v2
 from tasks.common import clients
 from tests.support.identity import bearer
 from tests.support.locks import wait_until
-from tests.support.models import tiny_model_files, upload_model
 from tests.support.sandbox_config import sandbox_settings
 from tests.support.services import MODEL_GARDEN, gpu_service
 
@@ -24,12 +23,6 @@ BUCKET = "capacity-test-weights"
 _ids = itertools.count()
 # Raw calls grant the weights bucket without the product's wait for propagation.
 pytestmark = pytest.mark.usefixtures("grants_propagated")
-
-
-@pytest.fixture(scope="module")
-def services(sandbox_target) -> run_v2.ServicesClient:
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    return clients.run_services(sandbox_target)
 
 
 @pytest.fixture

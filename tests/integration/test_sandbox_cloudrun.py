@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-
 import httpx
 import pytest
 from google.api_core import exceptions
@@ -12,35 +9,14 @@ from google.cloud import run_v2
 
 from tasks.common import clients
 from tests.support.identity import bearer
-from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import MODEL_DIR, SERVED_NAME, SMALLEST_L4, gpu_service, health_probe, vllm_args
 
 BUCKET = "cloudrun-test-weights"
 REVISION_TYPE = run_v2.TrafficTargetAllocationType.TRAFFIC_TARGET_ALLOCATION_TYPE_REVISION
-_ids = itertools.count()
 # The weights bucket is granted with raw calls right before the deploys, which have no product wait for the grant.
 pytestmark = pytest.mark.usefixtures("grants_propagated")
 # Tests that run two revisions' instances at once (the serving one and the next) size them SMALLEST_L4: they fit a new
 # project's 40 GiB together, as two 8 vCPU / 32 GiB instances do not (tests/integration/test_sandbox_capacity.py).
-
-
-@pytest.fixture(scope="module")
-def services(sandbox_target) -> run_v2.ServicesClient:
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    return clients.run_services(sandbox_target)
-
-
-@pytest.fixture
-def service_id(sb, services, sandbox_target):
-    """A fresh service id; what earlier tests left idle is gone first (Cloud Run's idle time has passed), and the
-    service is deleted afterwards (instances stop, URLs close)."""
-    sb.run("POST", "/idle")
-    name = f"run-{next(_ids)}"
-    yield name
-    with contextlib.suppress(exceptions.NotFound):
-        services.delete_service(name=f"{sandbox_target.location_path}/services/{name}").result(
-            polling=clients.operation_polling(sandbox_target)
-        )
 
 
 def deploy(services, target, service_id: str, service: run_v2.Service) -> run_v2.Service:

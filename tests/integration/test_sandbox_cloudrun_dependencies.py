@@ -14,19 +14,13 @@ from pydantic import SecretStr
 from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.infra import access, ensure
-from tests.support.models import let_read, tiny_model_files, upload_model
+from tests.support.models import let_read
 from tests.support.services import gpu_service, vllm_args
 
 BUCKET = "cloudrun-deps-weights"
 _ids = itertools.count()
 # The weights bucket and the secret are granted with raw calls right before the deploys, which have no product wait.
 pytestmark = pytest.mark.usefixtures("grants_propagated")
-
-
-@pytest.fixture(scope="module")
-def services(sandbox_target):
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    return clients.run_services(sandbox_target)
 
 
 @pytest.fixture

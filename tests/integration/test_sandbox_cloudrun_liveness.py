@@ -4,9 +4,6 @@ service answers again and the revision's logs say what happened, in Cloud Run's 
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-
 import httpx
 import pytest
 from google.api_core import exceptions
@@ -17,7 +14,6 @@ from tasks.deploy.render import LIVENESS_FAILURES, LIVENESS_PERIOD_S, LIVENESS_T
 from tasks.deploy.revision_logs import revision_log_tail
 from tests.support.identity import bearer
 from tests.support.locks import wait_until
-from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import SERVED_NAME, gpu_service
 
 BUCKET = "liveness-test-weights"
@@ -35,24 +31,6 @@ LIVENESS_LINE = (
 RESTART_S = 300  # real seconds for the probe's misses and a fresh start on a busy host
 # Raw calls grant the weights bucket, with no product wait for its propagation.
 pytestmark = pytest.mark.usefixtures("grants_propagated")
-
-_ids = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def services(sandbox_target) -> run_v2.ServicesClient:
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    return clients.run_services(sandbox_target)
-
-
-@pytest.fixture
-def service_id(services, sandbox_target):
-    name = f"live-{next(_ids)}"
-    yield name
-    with contextlib.suppress(exceptions.NotFound):
-        services.delete_service(name=f"{sandbox_target.location_path}/services/{name}").result(
-            polling=clients.operation_polling(sandbox_target)
-        )
 
 
 def deploy_with_fault(sb, services, target, service_id: str, faults: dict, **spec) -> run_v2.Service:

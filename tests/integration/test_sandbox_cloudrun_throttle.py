@@ -5,41 +5,19 @@ the sources); the 429 lands in the revision's request log and not in Monitoring'
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from google.api_core import exceptions
 from google.cloud import run_v2
 
 from tasks.common import clients
 from tests.support.identity import bearer
-from tests.support.models import tiny_model_files, upload_model
 from tests.support.services import SERVED_NAME, gpu_service, health_probe
 
 BUCKET = "throttle-test-weights"
 # Raw calls grant the weights bucket, with no product wait for its propagation.
 pytestmark = pytest.mark.usefixtures("grants_propagated")
-
-_ids = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def services(sandbox_target) -> run_v2.ServicesClient:
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    return clients.run_services(sandbox_target)
-
-
-@pytest.fixture
-def service_id(services, sandbox_target):
-    name = f"throttle-{next(_ids)}"
-    yield name
-    with contextlib.suppress(exceptions.NotFound):
-        services.delete_service(name=f"{sandbox_target.location_path}/services/{name}").result(
-            polling=clients.operation_polling(sandbox_target)
-        )
 
 
 def deploy_slow(sb, services, target, service_id: str, *, seconds_per_request: float, probe: run_v2.Probe):

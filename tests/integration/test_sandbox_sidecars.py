@@ -24,7 +24,6 @@ from google.cloud import run_v2
 from tasks.common import clients
 from tasks.infra import ensure
 from tests.support.identity import bearer
-from tests.support.models import tiny_model_files, upload_model
 from tests.support.sandbox_config import config_setter, sandbox_settings
 from tests.support.services import SERVED_NAME, gpu_service, health_probe, vllm_args
 
@@ -95,12 +94,6 @@ class Deployed:
 
 def short(name: str) -> str:
     return name.rsplit("/", 1)[1]
-
-
-@pytest.fixture(scope="module")
-def services(sandbox_target) -> run_v2.ServicesClient:
-    upload_model(clients.storage(sandbox_target), BUCKET, "models/tiny", tiny_model_files())
-    return clients.run_services(sandbox_target)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,9 @@ from tests.support.worker import Pipeline, dump, wait_until
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 RUN_TIMEOUT_S = 1200  # a promotion in a job: image pull, flow start-up, staging, deploy, probe, watch; a busy host
+# A test waits for up to three runs, each within RUN_TIMEOUT_S: pytest's 300 s default (pyproject.toml) would cut a
+# test short on a loaded host before its own waits could judge anything.
+pytestmark = pytest.mark.timeout(2 * RUN_TIMEOUT_S)
 
 
 def deployment_run(env: dict[str, str], name: str, *params: str, job_variables: tuple[str, ...] = ()) -> UUID:
@@ -58,6 +61,12 @@ def run_logs(env: dict[str, str], flow_run_id: UUID) -> str:
     with SyncPrefectClient(api=env["PREFECT_API_URL"]) as client:
         logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
     return "\n".join(log.message for log in logs)
+
+
+def unfinished(env: dict[str, str], runs: list[UUID], states: list[FlowRun]) -> str:
+    """For an assertion's message: each run that did not complete, its state and the end of its log."""
+    return "\n".join(f"{run}: {state.state}\n{run_logs(env, run)[-1500:]}"
+                     for run, state in zip(runs, states, strict=True) if state.state_name != "Completed")  # fmt: skip
 
 
 def report(env: dict[str, str], service: str) -> str:
@@ -275,7 +284,7 @@ def test_promotions_run_as_jobs_side_by_side_and_one_service_serializes(
         deployment_run(prefect, "promote-model/promote", *common, "service=side-b"),
     ]
     states = [finished(prefect, run) for run in runs]
-    assert [s.state_name for s in states] == ["Completed"] * 3, [s.state for s in states]
+    assert [s.state_name for s in states] == ["Completed"] * 3, unfinished(prefect, runs, states)
     started = started_jobs(sandbox, since)
     assert len(started) == 3, started
     # Side by side: the sandbox ran the jobs' tasks at the same time (their executions overlap in time).
@@ -320,7 +329,7 @@ def test_the_pools_concurrency_limit_holds_runs_back(
         states = [finished(prefect, run) for run in runs]
     finally:
         run_command([PREFECT, "work-pool", "clear-concurrency-limit", pipeline.pool], prefect)
-    assert [s.state_name for s in states] == ["Completed"] * 2, [s.state for s in states]
+    assert [s.state_name for s in states] == ["Completed"] * 2, unfinished(prefect, runs, states)
     assert len(started_jobs(sandbox, since)) == 2
     # One at a time: the worker submitted the second run only when the first had finished (it freed the slot).
     first, second = sorted((s.start_time, s.end_time) for s in states)
