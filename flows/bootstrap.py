@@ -31,9 +31,10 @@ from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
 from flows.common import DEFAULT_TARGET
 from flows.project import PROJECT_DIR, pipeline_pool
+from tasks.checks.api_reach import Reach, require_reachable_api
 from tasks.common.permissions import DEPLOYER_ROLES, grant_command
 from tasks.infra.ensure import ensure_network, ensure_subnet, get_or_create_service_account
-from tasks.report.prefect_api import Reach, job_vpc_access, require_reachable_api, store_prefect_credentials
+from tasks.report.prefect_api import job_vpc_access, store_prefect_credentials
 from tasks.report.work_pool import (
     DEFAULT_STAGING_MB_S,
     JobSize,

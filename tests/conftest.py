@@ -200,7 +200,7 @@ def prefect_api():
 @pytest.fixture
 def reachable_prefect_api(prefect_api) -> Iterator[str]:
     """PREFECT_API_URL at this host's own non-loopback address, relayed to the harness (tests/support/forward.py):
-    the Prefect API as a cloud-run-v2 pool needs it, since a loopback URL is refused (tasks/report/prefect_api.py).
+    the Prefect API as a cloud-run-v2 pool needs it, since a loopback URL is refused (tasks/checks/api_reach.py).
     Yields the URL."""
     from urllib.parse import urlsplit
 

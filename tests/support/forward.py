@@ -1,7 +1,7 @@
 """The test Prefect API at an address of this host that is not loopback, as a team's server is.
 
 Prefect's test harness serves on 127.0.0.1 only (``SubprocessASGIServer``), and a cloud-run-v2 pool is refused a
-loopback PREFECT_API_URL (tasks/report/prefect_api.py). ``forwarded`` relays TCP from the host's own address (the
+loopback PREFECT_API_URL (tasks/checks/api_reach.py). ``forwarded`` relays TCP from the host's own address (the
 source address of its default route) to the harness's port, so a client configured with that address really reaches
 the API through it.
 """

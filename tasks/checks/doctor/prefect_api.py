@@ -1,6 +1,6 @@
 """doctor's Prefect row: whether the deployments' work pool can run flow runs that reach the Prefect API.
 
-A cloud-run-v2 pool's jobs get the worker's PREFECT_API_URL and credentials (tasks/report/prefect_api.py says why):
+A cloud-run-v2 pool's jobs get the worker's PREFECT_API_URL and credentials (tasks/checks/api_reach.py says why):
 doctor reads the pool from the Prefect API (its type and base job template) and PREFECT_API_URL as Prefect resolves
 it here, the same URL a worker started from this shell would copy into every job.
 """
@@ -13,8 +13,8 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 
 from blocks.target import GcpTarget
+from tasks.checks import api_reach as api
 from tasks.checks.doctor.rows import Check, google_text
-from tasks.report import prefect_api as api
 
 NAME = "Prefect API"
 BOOTSTRAP = "python -m flows.bootstrap gcp --project PROJECT --region REGION --pool-type cloud-run-v2 ..."

@@ -1,11 +1,11 @@
-"""Which PREFECT_API_URL a cloud-run-v2 pool's jobs can use (tasks/report/prefect_api.py): a loopback or unset URL is
+"""Which PREFECT_API_URL a cloud-run-v2 pool's jobs can use (tasks/checks/api_reach.py): a loopback or unset URL is
 refused by bootstrap and doctor, a private address gets Direct VPC egress, anything else is used as it is."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasks.report.prefect_api import api_reach
+from tasks.checks.api_reach import api_reach
 
 LOOPBACK = [
     "http://127.0.0.1:4200/api",
