@@ -30,9 +30,11 @@ from prefect_gcp import GcpCredentials
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
 from flows.common import DEFAULT_TARGET
-from flows.project import PROJECT_DIR
+from flows.project import PROJECT_DIR, pipeline_pool
+from tasks.checks.api_reach import Reach, require_reachable_api
 from tasks.common.permissions import DEPLOYER_ROLES, grant_command
-from tasks.infra.ensure import get_or_create_service_account
+from tasks.infra.ensure import ensure_network, ensure_subnet, get_or_create_service_account
+from tasks.report.prefect_api import job_vpc_access, store_prefect_credentials
 from tasks.report.work_pool import (
     DEFAULT_STAGING_MB_S,
     JobSize,
@@ -80,15 +82,6 @@ def save_block(block: Block, name: str) -> str:
     return "created" if current is None else "updated"
 
 
-def pipeline_pool(prefect_file: Path) -> str:
-    """The work pool the prefect file's deployments run on (`definitions.work_pools.pipeline`)."""
-    definitions = yaml.safe_load(prefect_file.read_text()).get("definitions") or {}
-    try:
-        return definitions["work_pools"]["pipeline"]["name"]
-    except (KeyError, TypeError):
-        raise ValueError(f"{prefect_file}: definitions.work_pools.pipeline.name is missing") from None
-
-
 def _endpoints(path: str | None) -> ApiEndpoints | None:
     if not path:
         return None
@@ -119,8 +112,10 @@ def _credentials(key_file: str | None) -> GcpCredentials:
     return GcpCredentials(service_account_info=info)
 
 
-def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Namespace) -> str:
-    """The deployments' work pool, created or repaired; a Cloud Run pool gets our job variables as defaults."""
+def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Namespace, reach: Reach = "public") -> str:
+    """The deployments' work pool, created or repaired; a Cloud Run pool gets our job variables as defaults, the
+    Prefect credential set here as a Secret Manager reference, and Direct VPC egress when the API (``reach``, from
+    ``require_reachable_api``) is at a private address."""
     template = None
     if pool_type == "cloud-run-v2":
         image = args.worker_image
@@ -132,14 +127,22 @@ def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Nam
                 "--pool-type cloud-run-v2: the pool's jobs need the image that holds this project; give "
                 "--worker-image REF, or --build-worker-image to build ./Dockerfile with Cloud Build"
             )
-        print(runner_account(target, args.worker_service_account or runner_service_account(target)))
+        job_account = args.worker_service_account or runner_service_account(target)
+        print(runner_account(target, job_account))
+        secrets, lines = store_prefect_credentials(target, job_account)
+        print("\n".join(lines or ["no PREFECT_API_KEY or PREFECT_API_AUTH_STRING: the jobs get no Prefect credential"]))
+        vpc_access = None
+        if reach == "private":  # the jobs reach the API through the target's VPC: make sure it exists, as promote does
+            for result in (ensure_network(target), ensure_subnet(target)):
+                print(f"{result.kind} {result.name}: {result.action} (Direct VPC egress to the private Prefect API)")
+            vpc_access = job_vpc_access(target)
         size = pool_job_size(PROJECT_DIR / "deployments", args.staging_mb_s)
         # A key file's block is referenced, so each job gets it; with ADC the worker's own identity is the same
         # thing, and a reference to an ADC block is refused: the server checks the defaults with the block's secrets
         # obfuscated, and its empty service_account_info becomes '********' (422 on Prefect 3.9.1).
         template = cloud_run_base_job_template(
             target, image, service_account=args.worker_service_account,
-            credentials_block=args.credentials_block if args.key_file else None,
+            credentials_block=args.credentials_block if args.key_file else None, secrets=secrets, vpc_access=vpc_access,
             **({"cpu": str(size.cpu), "memory": size.memory, "timeout": size.timeout_s} if size else {}),
         )  # fmt: skip
     return ensure_work_pool(name, pool_type, template)
@@ -259,6 +262,7 @@ def resume_schedules(prefect_file: Path) -> list[str]:
 
 def _gcp(args: argparse.Namespace) -> int:
     prefect_file = PROJECT_DIR / "prefect.yaml"
+    reach = require_reachable_api(args.pool_type)  # before any write: a pool whose jobs cannot reach the API is no use
     register_block_types()
     credentials = _credentials(args.key_file)
     print(f"GcpCredentials '{args.credentials_block}': {save_block(credentials, args.credentials_block)}")
@@ -273,7 +277,7 @@ def _gcp(args: argparse.Namespace) -> int:
     else:
         print(f"no HF_TOKEN: gated models need a token; save one with `prefect block create secret` as '{TOKEN_BLOCK}'")
     pool = pipeline_pool(prefect_file)
-    print(f"work pool '{pool}' ({args.pool_type}): {ensure_pool(pool, args.pool_type, target, args)}")
+    print(f"work pool '{pool}' ({args.pool_type}): {ensure_pool(pool, args.pool_type, target, args, reach)}")
     if args.no_deploy:
         return 0
     for line in deploy(prefect_file):

@@ -22,6 +22,7 @@ from prefect.states import Failed
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
 from flows.common import load_profile, load_target
+from flows.project import PROJECT_DIR, pipeline_pool
 from tasks.checks import doctor as checks
 from tasks.checks.doctor import Check, DoctorFailed
 from tasks.common import clients
@@ -106,6 +107,13 @@ def doctor_check_bucket(target: GcpTarget, profile: ServingProfile) -> list[Chec
     return [checks.check_bucket(target)]
 
 
+@task(name="doctor_check_prefect_api")
+def doctor_check_prefect_api(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """The deployments' work pool can run flow runs that reach the Prefect API (a cloud-run-v2 pool's jobs cannot
+    reach a loopback PREFECT_API_URL) without a Prefect credential in plain text."""
+    return [checks.check_prefect_api(pipeline_pool(PROJECT_DIR / "prefect.yaml"), target)]
+
+
 # Each task takes (target, profile) and returns its rows; the table keeps this order.
 CHECK_TASKS = [
     doctor_check_project_access,
@@ -121,6 +129,7 @@ CHECK_TASKS = [
     doctor_check_org_policies,
     doctor_check_build_identity,
     doctor_check_bucket,
+    doctor_check_prefect_api,
 ]
 
 

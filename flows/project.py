@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -24,3 +26,12 @@ def set_project_directory() -> dict[str, str]:
         )
     os.chdir(PROJECT_DIR)
     return {"directory": str(PROJECT_DIR)}
+
+
+def pipeline_pool(prefect_file: Path) -> str:
+    """The work pool the prefect file's deployments run on (`definitions.work_pools.pipeline`)."""
+    definitions = yaml.safe_load(prefect_file.read_text()).get("definitions") or {}
+    try:
+        return definitions["work_pools"]["pipeline"]["name"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{prefect_file}: definitions.work_pools.pipeline.name is missing") from None

@@ -200,6 +200,24 @@ def prefect_api():
         yield
 
 
+@pytest.fixture
+def reachable_prefect_api(prefect_api) -> Iterator[str]:
+    """PREFECT_API_URL at this host's own non-loopback address, relayed to the harness (tests/support/forward.py):
+    the Prefect API as a cloud-run-v2 pool needs it, since a loopback URL is refused (tasks/checks/api_reach.py).
+    Yields the URL."""
+    from urllib.parse import urlsplit
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.support.forward import forwarded, host_address
+
+    host = host_address()
+    with forwarded(urlsplit(PREFECT_API_URL.value()).port, host) as port:
+        url = f"http://{host}:{port}/api"
+        with temporary_settings({PREFECT_API_URL: url}):
+            yield url
+
+
 # Longest first: `make test` hands each test file to one of its workers in collection order, so a slow file
 # collected last would run alone at the end. Files marked slow go first, then the tiers by their usual weight
 # (end to end, reliability, integration, unit); the order within a file is kept.

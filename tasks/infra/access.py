@@ -94,15 +94,16 @@ def grant_to_new_account(client, resource: str, role: str, email: str, seen_by: 
     )
 
 
-def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None) -> EnsureResult:
-    """secretAccessor for the serving account on one secret (not the project)."""
+def grant_secret_accessor(target: GcpTarget, secret_id: str | None = None, email: str | None = None) -> EnsureResult:
+    """secretAccessor on one secret (not the project) for ``email``, by default the serving account."""
     manager = clients.secret_manager(target)
     name = secret_path(target, secret_id)
-    member = _member(target)
+    email = email or target.service_account_email
+    member = f"serviceAccount:{email}"
     with gcp_errors("secretmanager", "roles/secretmanager.admin", f"IAM policy of {name}", target):
-        changes = grant_to_new_account(manager, name, SECRET_ACCESSOR, target.service_account_email, "Secret Manager")
+        changes = grant_to_new_account(manager, name, SECRET_ACCESSOR, email, "Secret Manager")
     if changes:
-        note_grant(target.service_account_email)  # the deploy right after waits for it to take effect
+        note_grant(email)  # the deploy right after waits for it to take effect
     return _result("iam", f"{name} {SECRET_ACCESSOR} {member}", changes)
 
 

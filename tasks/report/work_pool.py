@@ -149,12 +149,16 @@ def cloud_run_base_job_template(
     cpu: str = "2",
     memory: str = "4Gi",
     timeout: int = 10800,
+    secrets: dict[str, dict[str, str]] | None = None,
+    vpc_access: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """prefect-gcp's default ``cloud-run-v2`` base job template with our values as the variables' defaults.
 
     ``credentials_block`` names a saved GcpCredentials block (resolved to its document id through the Prefect
     API); None leaves credentials unset (the worker's ADC). ``service_account`` defaults to the pipeline runner
-    account of the target's project. Values are checked against prefect-gcp's variables model first, so a bad
+    account of the target's project. ``secrets``: secret variables' defaults (``prefect_api_key_secret``: a
+    SecretKeySelector, tasks/report/prefect_api.py). ``vpc_access``: the job body's run.v2 VpcAccess (Direct VPC
+    egress to a private Prefect API). Values are checked against prefect-gcp's variables model first, so a bad
     memory string fails here rather than when the first flow run is submitted.
     """
     values: dict[str, Any] = {
@@ -164,6 +168,7 @@ def cloud_run_base_job_template(
         "cpu": cpu,
         "memory": memory,
         "timeout": timeout,
+        **(secrets or {}),
     }
     check_variables(values)
     if credentials_block is not None:
@@ -172,6 +177,10 @@ def cloud_run_base_job_template(
     properties = template["variables"]["properties"]
     for key, value in values.items():
         properties[key]["default"] = value
+    if vpc_access is not None:
+        # prefect-gcp's only VPC variable is vpc_connector_name (a Serverless VPC Access connector). Its job body keeps
+        # a vpcAccess that is more than an unset connector (``_remove_vpc_access_if_unset``): this reaches jobs.create.
+        template["job_configuration"]["job_body"]["template"]["template"]["vpcAccess"] = vpc_access
     return template
 
 

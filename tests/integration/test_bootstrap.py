@@ -52,7 +52,7 @@ def bootstrap(sandbox, capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_a_cloud_run_pool_gets_the_worker_image_built_from_the_dockerfile(
-    sandbox, endpoints, cloud_run_pool, capsys, iam_propagated
+    sandbox, endpoints, cloud_run_pool, capsys, iam_propagated, reachable_prefect_api
 ):
     name, credentials = unique("prod"), unique("creds")
     args = ["--name", name, "--credentials-block", credentials, "--endpoints", endpoints, "--pool-type",
@@ -84,7 +84,9 @@ def test_a_cloud_run_pool_gets_the_worker_image_built_from_the_dockerfile(
     assert again.count(": unchanged") == 3, again  # credentials, target, pool
 
 
-def test_a_cloud_run_pool_without_an_image_is_refused_naming_the_options(sandbox, endpoints, capsys, prefect_api):
+def test_a_cloud_run_pool_without_an_image_is_refused_naming_the_options(
+    sandbox, endpoints, capsys, reachable_prefect_api
+):
     code, _out, err = bootstrap(sandbox, capsys, "--name", unique("prod"), "--endpoints", endpoints,
                                "--pool-type", "cloud-run-v2", "--no-deploy")  # fmt: skip
     assert code == 2
@@ -92,7 +94,7 @@ def test_a_cloud_run_pool_without_an_image_is_refused_naming_the_options(sandbox
 
 
 def test_a_key_file_is_stored_in_the_credentials_block_the_target_and_the_pool_use(
-    sandbox, endpoints, capsys, tmp_path, cloud_run_pool
+    sandbox, endpoints, capsys, tmp_path, cloud_run_pool, reachable_prefect_api
 ):
     key = tmp_path / "key.json"
     key.write_text(json.dumps(key_file_block_data("sandbox-project")["service_account_info"]))

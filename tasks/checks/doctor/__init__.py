@@ -7,7 +7,8 @@ result instead of raising, so one run shows everything that stands in the way.
 
 The checks by area: ``access`` (the project, APIs, permissions, actAs, the metrics writer), ``capacity`` (the GPU in
 the region, the regional quotas, Cloud Build's build region), ``policies`` (organisation policies), ``resources``
-(subnet, bucket, build identity); ``rows`` holds what they share (a row, its fix, the grants, a failed read as a row).
+(subnet, bucket, build identity), ``prefect_api`` (the work pool's jobs and the Prefect API); ``rows`` holds what
+they share (a row, its fix, the grants, a failed read as a row).
 flows/doctor.py runs them, each as its own task.
 """
 
@@ -21,6 +22,7 @@ from tasks.checks.doctor.access import (
 )
 from tasks.checks.doctor.capacity import check_build_region, check_gpu_region, check_quotas
 from tasks.checks.doctor.policies import check_org_policies, list_policy_allows, location_values
+from tasks.checks.doctor.prefect_api import check_prefect_api
 from tasks.checks.doctor.resources import check_bucket, check_build_identity, check_subnet
 from tasks.checks.doctor.rows import (
     MAX_GOOGLE_TEXT,
@@ -46,6 +48,7 @@ __all__ = [
     "check_metric_writer",
     "check_org_policies",
     "check_permissions",
+    "check_prefect_api",
     "check_project_access",
     "check_quotas",
     "check_subnet",
