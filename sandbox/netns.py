@@ -1,6 +1,6 @@
 """Run a command in a private network namespace where Google's API host names are 127.0.0.1.
 
-``python -m sandbox.netns [--hosts-name NAME ...] -- CMD [ARGS...]``
+``python -m sandbox.netns [--hosts-name NAME ...] [--address CIDR] -- CMD [ARGS...]``
 
 Why: some clients cannot be pointed at the sandbox. prefect-gcp's Cloud Run worker hard-codes
 ``https://run.googleapis.com``; only name resolution can send it to the sandbox's TLS face
@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import fcntl
 import functools
+import ipaddress
 import os
 import shutil
 import socket
@@ -37,6 +38,7 @@ from pathlib import Path
 from sandbox.tls import TLS_NAMES, hosts_file_text
 
 ENV_FLAG = "SANDBOX_NETNS"  # set to "1" for CMD: it runs in a private namespace made by this module
+ADDRESS_ENV = "SANDBOX_NETNS_ADDRESS"  # with --address: the namespace's own non-loopback address, for CMD
 HOSTS = "/etc/hosts"
 # The runner's own failures, distinct from CMD's statuses (as env(1) and unshare(1) do: 125, and 127 not found).
 EXIT_RUNNER_FAILED = 125
@@ -187,11 +189,24 @@ def _install_hosts(names: Sequence[str]) -> None:
             os.rmdir(directory)
 
 
-def _inside(names: Sequence[str], command: Sequence[str]) -> int:
+def _address_up(cidr: str) -> str:
+    """Give the namespace a non-loopback address (on its ``lo``: containers often have no dummy-link driver): where a
+    server listens that Cloud Run jobs reach (a team's Prefect server on its VPC), which a 127.0.0.1 URL never is.
+    Returns the address."""
+    ip = shutil.which("ip")
+    if ip is None:
+        raise OSError("--address needs iproute2's ip(8)")
+    subprocess.run([ip, "addr", "add", cidr, "dev", "lo"], check=True, stdin=subprocess.DEVNULL)
+    return cidr.split("/", 1)[0]
+
+
+def _inside(names: Sequence[str], command: Sequence[str], address: str | None = None) -> int:
     """Set up the namespace this process already runs in, then become ``command``."""
     try:
         _loopback_up()
         _install_hosts(names)
+        if address:
+            os.environ[ADDRESS_ENV] = _address_up(address)
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"sandbox.netns: setting up the private namespace failed: {exc}", file=sys.stderr)
         return EXIT_RUNNER_FAILED
@@ -218,6 +233,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hosts-name", action="append", default=[], metavar="NAME", help="map NAME to 127.0.0.1 too (repeatable)"
     )
+    parser.add_argument(
+        "--address", metavar="CIDR", help=f"give the namespace this non-loopback address too (e.g. 10.99.0.1/24); CMD "
+        f"finds it in {ADDRESS_ENV}",
+    )  # fmt: skip
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # second stage, under unshare
     return parser
 
@@ -236,14 +255,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.hosts_name:
         if not name or any(ch.isspace() or ch == "#" for ch in name):
             parser.error(f"--hosts-name {name!r}: not a host name")
+    if args.address:
+        try:
+            ipaddress.ip_interface(args.address)
+        except ValueError:
+            parser.error(f"--address {args.address!r}: not an address with its prefix length, e.g. 10.99.0.1/24")
     if args.inside:
-        return _inside([*TLS_NAMES, *args.hosts_name], command)
+        return _inside([*TLS_NAMES, *args.hosts_name], command, args.address)
 
     reason = namespaces_available()
     if reason is not None:
         print(f"sandbox.netns: cannot make a private namespace here: {reason}", file=sys.stderr)
         return EXIT_RUNNER_FAILED
     extra = [arg for name in args.hosts_name for arg in ("--hosts-name", name)]
+    extra += ["--address", args.address] if args.address else []
     inner = [*unshare_argv(), "--", sys.executable, "-m", "sandbox.netns", "--inside", *extra, "--", *command]
     sys.stdout.flush()
     sys.stderr.flush()

@@ -19,18 +19,19 @@ PREFECT = str(Path(sys.executable).parent / "prefect")
 
 
 @contextmanager
-def prefect_server(home: Path, **extra_env: str) -> Iterator[dict[str, str]]:
-    """A server with its own database under ``home``; yields the environment a CLI command or worker needs."""
+def prefect_server(home: Path, host: str = "127.0.0.1", **extra_env: str) -> Iterator[dict[str, str]]:
+    """A server with its own database under ``home``, listening on ``host``; yields the environment a CLI command or
+    worker needs."""
     port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_API_URL": f"http://{host}:{port}/api",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         **extra_env,
     }
     log = (home / "server.log").open("wb")
-    process = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+    process = subprocess.Popen([PREFECT, "server", "start", "--host", host, "--port", str(port)],
                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
     try:
         deadline = time.monotonic() + 300  # about 12 s idle; far longer when the cores are shared

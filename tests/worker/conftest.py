@@ -13,6 +13,7 @@ face answers).
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.handle import SandboxHandle
-from sandbox.netns import in_private_namespace
+from sandbox.netns import ADDRESS_ENV, in_private_namespace
 from tests.conftest import conforming_sandbox
 from tests.support.prefect_server import prefect_server
 from tests.support.worker import Pipeline, bootstrap_pipeline
@@ -51,8 +52,18 @@ def trust(sandbox: SandboxHandle) -> dict[str, str]:
 def prefect(tmp_path_factory: pytest.TempPathFactory, trust: dict[str, str]) -> Iterator[dict[str, str]]:
     """A real Prefect server; the environment a CLI command or the worker runs with."""
     home = tmp_path_factory.mktemp("prefect-home")
+    # As a team runs it: a server its Cloud Run jobs reach, at a private address of its VPC (bootstrap refuses a
+    # loopback one for a cloud-run-v2 pool). `make worker-e2e` gives the namespace one (sandbox.netns --address).
+    host = os.environ.get(ADDRESS_ENV)
+    assert host, (
+        f"no private address in this namespace: run `make worker-e2e` (sandbox.netns --address sets {ADDRESS_ENV})"
+    )
+    # A self-hosted server with basic auth, as a team's on a VPC is: bootstrap keeps the auth string in Secret Manager
+    # and the pool's jobs get a reference to it (tasks/report/prefect_api.py), never the value.
+    auth = f"e2e:{secrets.token_urlsafe(18)}"
+    credential = {"PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_API_AUTH_STRING": auth}
     # Runs are picked up every 2 s rather than 10: the worker's own 5 s polls of Cloud Run are untouched.
-    with prefect_server(home, PREFECT_WORKER_QUERY_SECONDS="2", **trust) as env:
+    with prefect_server(home, host, PREFECT_WORKER_QUERY_SECONDS="2", **credential, **trust) as env:
         yield env
 
 

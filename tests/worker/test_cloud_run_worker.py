@@ -3,6 +3,7 @@ job's task runs `prefect flow-run execute`, the flow promotes the model, and the
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -48,7 +49,7 @@ def deployment_run(env: dict[str, str], name: str, *params: str, job_variables: 
 
 
 def finished(env: dict[str, str], flow_run_id: UUID) -> FlowRun:
-    with SyncPrefectClient(api=env["PREFECT_API_URL"]) as client:
+    with SyncPrefectClient(api=env["PREFECT_API_URL"], auth_string=env["PREFECT_API_AUTH_STRING"]) as client:
 
         def final() -> FlowRun | None:
             run = client.read_flow_run(flow_run_id)
@@ -58,7 +59,7 @@ def finished(env: dict[str, str], flow_run_id: UUID) -> FlowRun:
 
 
 def run_logs(env: dict[str, str], flow_run_id: UUID) -> str:
-    with SyncPrefectClient(api=env["PREFECT_API_URL"]) as client:
+    with SyncPrefectClient(api=env["PREFECT_API_URL"], auth_string=env["PREFECT_API_AUTH_STRING"]) as client:
         logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
     return "\n".join(log.message for log in logs)
 
@@ -71,7 +72,7 @@ def unfinished(env: dict[str, str], runs: list[UUID], states: list[FlowRun]) -> 
 
 def report(env: dict[str, str], service: str) -> str:
     """The newest promotion report of ``service``, as the UI shows it."""
-    with SyncPrefectClient(api=env["PREFECT_API_URL"]) as client:
+    with SyncPrefectClient(api=env["PREFECT_API_URL"], auth_string=env["PREFECT_API_AUTH_STRING"]) as client:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"promotion-{service}"])),
             sort=ArtifactSort.CREATED_DESC,
@@ -114,6 +115,17 @@ def test_promote_model_runs_as_a_cloud_run_job_and_the_service_answers(
     assert any(c.startswith("GET") and "/executions/" in c for c in calls), dump(calls)
     assert [c.split()[0] for c in calls[-2:]] == ["DELETE", "DELETE"], dump(calls)  # the execution, then the job
     assert sandbox.conformance_violations() == []
+    # The server's auth string reached the job as a Secret Manager reference, which Cloud Run resolved for the flow
+    # (it ran, authenticated): the job as created names the secret, and no request anywhere carried the value.
+    [created] = [r for r in sandbox.requests("control", since=since)
+                 if r["method"] == "POST" and r["path"].endswith("/jobs") and r.get("status") == 200]  # fmt: skip
+    containers = json.loads(created["body"])["template"]["template"]["containers"]
+    env_vars = {e["name"]: e for c in containers for e in c.get("env", [])}
+    reference = env_vars["PREFECT_API_AUTH_STRING"]
+    assert "value" not in reference, reference
+    assert reference["valueSource"]["secretKeyRef"]["secret"].endswith("/secrets/prefect-api-auth-string"), reference
+    password = prefect["PREFECT_API_AUTH_STRING"].split(":", 1)[1]
+    assert not [r["path"] for r in sandbox.requests(since=since) if password in json.dumps(r)]
 
     # The worker's logs and the flow's own, from the job's process, are the run's logs in Prefect; so is its report.
     # The job's process sends its logs in batches (every 2 s), so its last ones may arrive after the run's final state:
@@ -298,7 +310,7 @@ def test_promotions_run_as_jobs_side_by_side_and_one_service_serializes(
 
 def locked_window(env: dict[str, str], flow_run_id: UUID) -> tuple[float, float]:
     """From the first task run under the service lock to the end of the last."""
-    with SyncPrefectClient(api=env["PREFECT_API_URL"]) as client:
+    with SyncPrefectClient(api=env["PREFECT_API_URL"], auth_string=env["PREFECT_API_AUTH_STRING"]) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     locked = [r for r in runs if not r.name.startswith("hf_resolve_model") and r.start_time and r.end_time]
     assert locked, [r.name for r in runs]
