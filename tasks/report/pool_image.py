@@ -100,8 +100,8 @@ def check_pool_image(
     judged). ``build``: build (or find) the image of ``project_dir`` and set the pool to it. ``target`` gives the
     GcpTarget the registry and Cloud Build are reached with; it is called only when needed. Raises StaleWorkerImage
     for a stale image when not ``build``."""
-    if pool.type != CLOUD_RUN_POOL:
-        return []  # a process worker runs the flows from its own checkout
+    if pool.type != CLOUD_RUN_POOL:  # a process worker runs the flows from its own checkout
+        return [f"work pool '{pool.name}' ({pool.type}): no worker image to build"] if build else []
     if build:
         image = build_worker_image(target(), project_dir)
         if image == pool.image:
