@@ -4,7 +4,9 @@
 GcpCredentials block (Application Default Credentials, or `--key-file`) and, when HF_TOKEN is set, the Hub token
 as a Secret block; it creates the work pool the deployments use (`process`, or prefect-gcp's `cloud-run-v2` with
 its base job template filled in, optionally with a worker image built by Cloud Build), deploys, and prints the
-next command. `deploy` only redeploys (after a model file changed). A running sandbox's blocks come from
+next command. `deploy` only redeploys (after a model file changed); on a cloud-run-v2 pool it first checks that the
+pool's image holds this tree, and refuses a stale one or rebuilds it (`--build-worker-image`:
+tasks/report/pool_image.py). A running sandbox's blocks come from
 `python -m sandbox blocks DIR` instead of `gcp`.
 """
 
@@ -29,11 +31,13 @@ from prefect_gcp import GcpCredentials
 
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
-from flows.common import DEFAULT_TARGET
+from flows.common import DEFAULT_TARGET, load_target
 from flows.project import PROJECT_DIR, pipeline_pool
 from tasks.checks.api_reach import Reach, require_reachable_api
 from tasks.common.permissions import DEPLOYER_ROLES, grant_command
+from tasks.image.worker_image import rebuild_command
 from tasks.infra.ensure import ensure_network, ensure_subnet, get_or_create_service_account
+from tasks.report.pool_image import check_pool_image, pinned_image_warning, read_pool
 from tasks.report.prefect_api import job_vpc_access, store_prefect_credentials
 from tasks.report.work_pool import (
     DEFAULT_STAGING_MB_S,
@@ -127,6 +131,10 @@ def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Nam
                 "--pool-type cloud-run-v2: the pool's jobs need the image that holds this project; give "
                 "--worker-image REF, or --build-worker-image to build ./Dockerfile with Cloud Build"
             )
+        if not args.build_worker_image:
+            warning = pinned_image_warning(name, image, PROJECT_DIR, target, rebuild_command(args.name))
+            if warning:
+                print(warning, file=sys.stderr)
         job_account = args.worker_service_account or runner_service_account(target)
         print(runner_account(target, job_account))
         secrets, lines = store_prefect_credentials(target, job_account)
@@ -203,14 +211,6 @@ def runner_account(target: GcpTarget, email: str) -> str:
     lines += [f"  {grant_command(target.project, need.role, member)}" for need in DEPLOYER_ROLES
               if not need.when.startswith("doctor")]  # fmt: skip
     return "\n".join(lines)
-
-
-def _pool_type(name: str) -> str | None:
-    with get_client(sync_client=True) as client:
-        try:
-            return client.read_work_pool(name).type
-        except ObjectNotFound:
-            return None
 
 
 def deploy(prefect_file: Path) -> list[str]:
@@ -294,11 +294,28 @@ def _gcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deploy_target(name: str) -> GcpTarget:
+    try:
+        return load_target(name)
+    except ValueError:
+        raise ValueError(
+            f"--name: no GcpTarget block named '{name}' to reach Artifact Registry and Cloud Build with, for the work "
+            "pool's worker image; give --name with the block `bootstrap gcp` saved (its --name)"
+        ) from None
+
+
 def _deploy(args: argparse.Namespace) -> int:
     prefect_file = (PROJECT_DIR / args.prefect_file).resolve()
     pool = pipeline_pool(prefect_file)
-    if _pool_type(pool) is None:
+    found = read_pool(pool)
+    if found is None:
         print(f"work pool '{pool}' (process): {ensure_work_pool(pool, 'process', None)}")
+    else:
+        # Before `prefect deploy`: a cloud-run-v2 pool's runs read the model files from its image (flows/project.py).
+        fix = rebuild_command(args.name)
+        lines = check_pool_image(found, PROJECT_DIR, lambda: _deploy_target(args.name), args.build_worker_image, fix)
+        for line in lines:
+            print(line, file=sys.stderr if line.startswith("warning: ") else sys.stdout)
     for line in deploy(prefect_file):
         print(f"schedule {line}")
     print(f"\nnext: prefect worker start --pool {pool}")
@@ -328,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     gcp.add_argument("--no-deploy", action="store_true", help="stop before `prefect deploy`")
     redeploy = sub.add_parser("deploy", help="deploy a prefect file and resume its schedules whose target exists")
     redeploy.add_argument("--prefect-file", default="prefect.yaml", help="relative to the project folder")
+    redeploy.add_argument("--name", default=DEFAULT_TARGET,
+                          help="cloud-run-v2: the GcpTarget block the worker image is read and built with")  # fmt: skip
+    redeploy.add_argument("--build-worker-image", action="store_true",
+                          help="cloud-run-v2: build ./Dockerfile if the pool's image lacks this tree")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         return _gcp(args) if args.kind == "gcp" else _deploy(args)

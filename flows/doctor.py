@@ -27,6 +27,8 @@ from tasks.checks import doctor as checks
 from tasks.checks.doctor import Check, DoctorFailed
 from tasks.common import clients
 from tasks.common.progress import artifact_key
+from tasks.image.worker_image import rebuild_command
+from tasks.report.pool_image import read_pool
 
 
 @task(name="doctor_check_project_access")
@@ -114,6 +116,16 @@ def doctor_check_prefect_api(target: GcpTarget, profile: ServingProfile) -> list
     return [checks.check_prefect_api(pipeline_pool(PROJECT_DIR / "prefect.yaml"), target)]
 
 
+@task(name="doctor_check_worker_image")
+def doctor_check_worker_image(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """A cloud-run-v2 work pool's image holds this project's tree (its runs read deployments/ and the flows there)."""
+    pool = pipeline_pool(PROJECT_DIR / "prefect.yaml")
+    found = read_pool(pool)
+    name = getattr(target, "_block_document_name", None) or "TARGET"  # the block's name, for the fix command
+    pool_type, image = (found.type, found.image) if found else (None, None)
+    return [checks.check_worker_image(target, pool, pool_type, image, PROJECT_DIR, rebuild_command(name))]
+
+
 # Each task takes (target, profile) and returns its rows; the table keeps this order.
 CHECK_TASKS = [
     doctor_check_project_access,
@@ -130,6 +142,7 @@ CHECK_TASKS = [
     doctor_check_build_identity,
     doctor_check_bucket,
     doctor_check_prefect_api,
+    doctor_check_worker_image,
 ]
 
 
@@ -228,9 +241,10 @@ def doctor(target: str, profile: str = "l4", service: str | None = None) -> list
 
     Project access, APIs enabled, the deployer's permissions and actAs on the runtime service account, the GPU offered
     in the region and its quota against max_instances, organisation policies (resource locations, Cloud Run ingress and
-    VPC egress, domain-restricted sharing), the build identity, and an existing bucket's location. Prints one line per
-    check, then each fix once and the roles to grant as one block. Returns the rows; when a check failed, a Failed
-    state whose message is one line (calling the flow raises DoctorFailed, with the rows, from it).
+    VPC egress, domain-restricted sharing), the build identity, an existing bucket's location, and whether a
+    cloud-run-v2 work pool's image holds this tree. Prints one line per check, then each fix once and the roles to
+    grant as one block. Returns the rows; when a check failed, a Failed state whose message is one line (calling the
+    flow raises DoctorFailed, with the rows, from it).
     """
     gcp = load_target(target)
     rows = examine(gcp, load_profile(profile), service, profile)

@@ -74,6 +74,8 @@ def test_a_key_file_is_stored_in_the_credentials_block_the_target_and_the_pool_u
                                image, "--worker-service-account", RUNNER_ELSEWHERE, "--no-deploy")  # fmt: skip
     assert code == 0, out + err
     assert f"GcpCredentials '{credentials}': created" in out and "BEGIN PRIVATE KEY" not in out
+    # The team's own image: bootstrap cannot tell whether it holds this tree, says so, and goes on.
+    assert f"warning: work pool 'hf-pipeline' runs {image}: whether it holds this tree" in err
     # An account of another project is not bootstrap's to make (nor, with a made-up key, could it call IAM): only
     # the grants are printed.
     assert "service account" not in out and f"--member=serviceAccount:{RUNNER_ELSEWHERE} --role=roles/run.admin" in out

@@ -98,8 +98,9 @@ def test_a_private_api_gets_direct_vpc_egress_on_the_targets_network(
 ):
     n = uuid.uuid4().hex[:6]
     target = sandbox_target.model_copy(update={"network": f"prefect-net-{n}", "subnet": f"prefect-subnet-{n}"})
-    args = argparse.Namespace(worker_image=IMAGE, build_worker_image=False, worker_service_account=None,
-                              staging_mb_s=100.0, credentials_block="pipeline", key_file=None)  # fmt: skip
+    args = argparse.Namespace(name="production", worker_image=IMAGE, build_worker_image=False,
+                              worker_service_account=None, staging_mb_s=100.0, credentials_block="pipeline",
+                              key_file=None)  # fmt: skip
     # What bootstrap gcp does once require_reachable_api found PREFECT_API_URL at a private address (10.x, ...).
     assert ensure_pool(cloud_run_pool, "cloud-run-v2", target, args, "private") == "created"
     out = capsys.readouterr().out
