@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -25,19 +24,13 @@ from prefect.settings import PREFECT_API_URL
 from blocks.target import GcpTarget
 from flows.project import pipeline_pool
 from tasks.checks import doctor as checks
-from tasks.image.build_context import context_files
 from tasks.image.worker_image import judge_worker_image, rebuild_command, tree_tag
 from tasks.report.pool_image import PoolImage, check_pool_image, read_pool
 from tasks.report.work_pool import build_worker_image, cloud_run_base_job_template, ensure_work_pool
+from tests.support.project_copy import NEW_MODEL, add_model_file, copy_of_project
 
 ROOT = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
-NEW_MODEL = """model: sandbox/tiny-llama
-revision: main
-profile: cpu
-target: production
-service: team-llama
-"""
 
 
 def unique(prefix: str) -> str:
@@ -68,11 +61,7 @@ def target(prefect_api, sandbox_target) -> tuple[str, GcpTarget]:
 def project(tmp_path) -> Path:
     """A copy of the project's build context whose prefect.yaml names a pool of its own (the test's, not the
     session's hf-pipeline)."""
-    copy = tmp_path / "project"
-    for path in context_files(ROOT):
-        dest = copy / path.relative_to(ROOT)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, dest)
+    copy = copy_of_project(tmp_path / "project")
     prefect_file = copy / "prefect.yaml"
     prefect_file.write_text(prefect_file.read_text().replace("name: hf-pipeline", f"name: {unique('tree-pool')}"))
     return copy
@@ -92,21 +81,6 @@ def pool(project, target) -> PoolImage:
                 client.delete_deployment(deployment.id)
         with contextlib.suppress(ObjectNotFound):
             client.delete_work_pool(name)
-
-
-def add_model_file(project: Path) -> str:
-    """What a team does to serve a model of its own: a file in deployments/ (the shipped examples deleted, as their
-    header says), then `python -m flows.sync_deployments` writes its deployments into prefect.yaml. Returns the
-    model's deployment name."""
-    for example in (project / "deployments").glob("gemma-*.yaml"):
-        example.unlink()
-    name = unique("team-llama")
-    (project / "deployments" / f"{name}.yaml").write_text(NEW_MODEL)
-    done = subprocess.run([sys.executable, "-m", "flows.sync_deployments"], cwd=project, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"spec_file: deployments/{name}.yaml" in (project / "prefect.yaml").read_text()
-    return name
 
 
 def bootstrap_deploy(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
