@@ -7,8 +7,9 @@ result instead of raising, so one run shows everything that stands in the way.
 
 The checks by area: ``access`` (the project, APIs, permissions, actAs, the metrics writer), ``capacity`` (the GPU in
 the region, the regional quotas, Cloud Build's build region), ``policies`` (organisation policies), ``resources``
-(subnet, bucket, build identity), ``prefect_api`` (the work pool's jobs and the Prefect API); ``rows`` holds what
-they share (a row, its fix, the grants, a failed read as a row).
+(subnet, bucket, build identity), ``prefect_api`` (the work pool's jobs and the Prefect API), ``schedules`` (each
+model file's schedules, read from the Prefect API); ``rows`` holds what they share (a row, its fix, the grants, a
+failed read as a row).
 flows/doctor.py runs them, each as its own task.
 """
 
