@@ -25,12 +25,11 @@ from google.auth.exceptions import DefaultCredentialsError
 from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
-from prefect.exceptions import ObjectNotFound
 from prefect_gcp import GcpCredentials
 
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
+from flows import schedule_control
 from flows.common import DEFAULT_TARGET, load_target
 from flows.project import PROJECT_DIR, pipeline_pool
 from tasks.checks.api_reach import Reach, require_reachable_api
@@ -214,50 +213,19 @@ def runner_account(target: GcpTarget, email: str) -> str:
 
 
 def deploy(prefect_file: Path) -> list[str]:
-    """`prefect --no-prompt deploy --all` for ``prefect_file``, then each schedule resumed when the GcpTarget its
-    deployment names exists, and left paused (with the reason) when it does not. Returns one line per schedule
-    decision."""
+    """`prefect --no-prompt deploy --all` for ``prefect_file``, then its model schedules settled
+    (flows/schedule_control.py): paused while the GcpTarget their deployment names is missing, resumed once it exists
+    when bootstrap paused them, otherwise left as their operator set them. One line per scheduled deployment."""
+    with get_client(sync_client=True) as client:
+        before = schedule_control.schedule_slugs(client, prefect_file)
     result = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)],
         cwd=PROJECT_DIR, capture_output=True, text=True, env={**os.environ, "PREFECT_CLI_COLORS": "false"},
     )  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"prefect deploy failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
-    return resume_schedules(prefect_file)
-
-
-def _target_exists(client: Any, name: str) -> bool:
-    try:
-        client.read_block_document_by_name(name, block_type_slug=GcpTarget.get_block_type_slug())
-    except ObjectNotFound:
-        return False
-    return True
-
-
-def resume_schedules(prefect_file: Path) -> list[str]:
-    """The prefect file writes model schedules paused; resume those whose target block exists."""
-    entries = yaml.safe_load(prefect_file.read_text()).get("deployments") or []
-    scheduled = {d["name"]: d["entrypoint"] for d in entries if d.get("schedules")}
-    lines = []
     with get_client(sync_client=True) as client:
-        found = client.read_deployments(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(scheduled)))
-        )
-        for deployment in found:
-            if scheduled.get(deployment.name) != deployment.entrypoint:
-                continue  # another project's deployment of the same name
-            target = (deployment.parameters or {}).get("target", DEFAULT_TARGET)
-            active = _target_exists(client, target)
-            for schedule in deployment.schedules:
-                if schedule.active != active:
-                    # The parameters go along: on Prefect 3.9.1 a PATCH with only `active` stores the schedule's
-                    # parameters as {} (seen in tests/e2e/test_deployments.py), and min_instances would be lost.
-                    client.update_deployment_schedule(
-                        deployment.id, schedule.id, active=active, parameters=schedule.parameters
-                    )
-            state = "active" if active else f"paused: no GcpTarget block '{target}' (create it with bootstrap gcp)"
-            lines.append(f"{deployment.name}: {len(deployment.schedules)} schedules {state}")
-    return sorted(lines)
+        return schedule_control.settle(client, prefect_file, before)
 
 
 def _gcp(args: argparse.Namespace) -> int:
@@ -343,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         help="cloud-run-v2: the Hub-to-bucket rate the jobs' timeout plans for (default: %(default)s MB/s)",
     )  # fmt: skip
     gcp.add_argument("--no-deploy", action="store_true", help="stop before `prefect deploy`")
-    redeploy = sub.add_parser("deploy", help="deploy a prefect file and resume its schedules whose target exists")
+    redeploy = sub.add_parser("deploy", help="deploy a prefect file; each schedule keeps its state")
     redeploy.add_argument("--prefect-file", default="prefect.yaml", help="relative to the project folder")
     redeploy.add_argument("--name", default=DEFAULT_TARGET,
                           help="cloud-run-v2: the GcpTarget block the worker image is read and built with")  # fmt: skip

@@ -8,8 +8,8 @@ lacks) reports that as its result instead of raising, so one run shows everythin
 The checks by area: ``access`` (the project, APIs, permissions, actAs, the metrics writer), ``capacity`` (the GPU in
 the region, the regional quotas, Cloud Build's build region), ``policies`` (organisation policies), ``resources``
 (subnet, bucket, build identity), ``prefect_api`` (the work pool's jobs and the Prefect API), ``worker_image``
-(the work pool's image holds this tree); ``rows`` holds what they share (a row, its fix, the grants, a failed
-read as a row).
+(the work pool's image holds this tree), ``schedules`` (each model file's schedules, read from the Prefect API);
+``rows`` holds what they share (a row, its fix, the grants, a failed read as a row).
 flows/doctor.py runs them, each as its own task.
 """
 
