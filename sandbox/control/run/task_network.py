@@ -92,8 +92,8 @@ class TaskLink:
             f"addr add {self.gateway}/30 dev {self.host_name}\n"
             f"link set {self.host_name} up\n"
         )
+        self.plumbed = True  # set first: a batch that fails halfway still leaves a pair for release to delete
         await self._ip_batch(commands)
-        self.plumbed = True
 
     async def release(self) -> None:
         """Delete the pair (if the task's namespace has not taken it down already) and free the /30."""
