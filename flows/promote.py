@@ -65,7 +65,7 @@ from tasks.weights.selection import check_index, index_to_check, select_files
 from tasks.weights.staging import StagingOptions, StagingResult, commit_prefix, hf_stage_model
 
 SAFETENSORS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-WRITES_FROM = "infrastructure"  # the first step that writes to the cloud: earlier ones only read
+BUCKET_READY = "infrastructure"  # the step that ensures the bucket (the first to write: earlier ones only read)
 
 
 @task(name="hf_resolve_model")
@@ -518,6 +518,8 @@ def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> Non
             "revision": report.serving_revision, "traffic": report.traffic,
             "steps": [step.model_dump() for step in report.delivery],
         })  # fmt: skip
-    if any(step.name == WRITES_FROM for step in report.steps):  # history beyond the Prefect plan's retention
-        gcs_archive_report(target, report)  # a run refused before any cloud write (or a dry run) writes nothing
+    # History beyond the Prefect plan's retention, in the bucket the infrastructure step made sure of: a run that did
+    # not get that far (refused before any cloud write, a dry run, a bucket in the wrong region) writes nothing there.
+    if any(step.name == BUCKET_READY and step.ok for step in report.steps):
+        gcs_archive_report(target, report)
     run_logger().info("%s", report.outcome_line())  # the run's last words: what it did, and where traffic stands
