@@ -22,7 +22,7 @@ import pytest
 
 from sandbox.control.run.task_network import LINK_POOL
 from sandbox.netns import ADDRESS_ENV, in_private_namespace, namespaces_available
-from tests.integration.test_sandbox_cloudrun_jobs import completed, create, logs, python_job, run_to_completion
+from tests.support.jobs import completed, create, logs, python_job, run_to_completion
 
 REPO = Path(__file__).resolve().parents[2]
 ADDRESS = "10.99.0.1/24"
