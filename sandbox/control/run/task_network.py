@@ -26,7 +26,7 @@ from pathlib import Path
 LINK_POOL = ipaddress.ip_network("10.99.128.0/17")
 TASK_INTERFACE = "eth0"  # the name the task sees, as a container's
 SHIM = Path(__file__).with_name("task_netns.py")
-NAMESPACE_WAIT_S = 30.0  # how long unshare may take to make the namespace, on a loaded machine
+NAMESPACE_WAIT_S = 120.0  # how long unshare (and the shim, for its link) may take, on a loaded 2-core machine
 _in_use: set[int] = set()
 
 
@@ -74,7 +74,7 @@ class TaskLink:
         from sandbox.netns import unshare_argv  # the same flags the runner found to work here
 
         shim = [sys.executable, "-I", "-S", str(SHIM), "--ip", _ip(), "--interface", TASK_INTERFACE]
-        shim += ["--address", self.address, "--gateway", self.gateway]
+        shim += ["--address", self.address, "--gateway", self.gateway, "--wait-s", f"{NAMESPACE_WAIT_S:g}"]
         return [*unshare_argv(("--net",)), "--", *shim, "--", *argv]
 
     async def plumb(self, process: asyncio.subprocess.Process) -> None:
