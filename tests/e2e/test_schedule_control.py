@@ -29,8 +29,10 @@ UP, EVENING, OFF_DAYS = "tiny-chat-scale-up", "tiny-chat-scale-down-evening", "t
 
 @pytest.fixture(scope="module")
 def server(sandbox, tmp_path_factory) -> Iterator[dict[str, str]]:
-    """A real Prefect server of the module's own, with the sandbox's work pool (bootstrap makes it on first deploy)."""
+    """A real Prefect server of the module's own, with the sandbox's work pool (bootstrap makes it on first deploy)
+    and the sandbox's blocks (a test that deletes one saves them again)."""
     with prefect_server(tmp_path_factory.mktemp("prefect-home"), HF_ENDPOINT=sandbox.hub_url) as env:
+        save_blocks(env, sandbox)
         yield env
 
 
@@ -73,18 +75,51 @@ def pause(env: dict[str, str], slug: str) -> None:
     run_command([PREFECT, "deployment", "schedule", "pause", HOURS, str(schedule.id)], env)
 
 
-def fresh(env: dict[str, str], sandbox) -> None:
-    """Every test starts from its own state: the blocks saved, the hours deployment deployed anew by bootstrap."""
-    save_blocks(env, sandbox)
+def fresh(env: dict[str, str]) -> None:
+    """Every test starts from its own state: no hours deployment (the test's first deploy makes them anew)."""
     with api(env) as client:
         for name in (HOURS, "scale-service/tiny-llama-hours"):
             with contextlib.suppress(ObjectNotFound):
                 client.delete_deployment(client.read_deployment_by_name(name).id)
-    bootstrap_deploy(env)
 
 
-def test_an_operators_pause_survives_bootstrap_deploy_and_prefect_deploy(server, sandbox):
-    fresh(server, sandbox)
+def test_schedules_wait_for_their_target_and_run_once_it_exists(server, sandbox):
+    fresh(server)
+    delete_target(server)
+    deployed = bootstrap_deploy(server)
+    assert states(server) == {UP: False, EVENING: False, OFF_DAYS: False}  # their runs could only fail
+    assert "tiny-chat-hours: " in deployed and "paused: no GcpTarget block 'sandbox'" in deployed, deployed
+    prefect_deploy(server)  # a deploy in between keeps them as they are
+    assert states(server) == {UP: False, EVENING: False, OFF_DAYS: False}
+
+    save_blocks(server, sandbox)
+    deployed = bootstrap_deploy(server)
+    assert "tiny-chat-hours: 3 schedules active" in deployed, deployed
+    assert states(server) == {UP: True, EVENING: True, OFF_DAYS: True}
+
+
+def test_schedules_a_prefect_file_paused_are_resumed_when_their_target_exists(server, tmp_path):
+    fresh(server)
+    # The prefect files this project generated before wrote every schedule `active: false`.
+    legacy = tmp_path / "prefect.yaml"
+    text = (ROOT / SANDBOX_FILE).read_text()
+    legacy.write_text(re.sub(r"(\n( +)slug: .+)", r"\1\n\2active: false", text))
+    bootstrap_deploy(server, str(legacy))  # new schedules, created paused by the file; their target exists
+    assert states(server) == {UP: True, EVENING: True, OFF_DAYS: True}
+
+    # A server that an older bootstrap kept, after a `prefect deploy --all` of that file paused everything (the 19:00
+    # scale-down after the 08:00 scale-up had run): bootstrap, finding no record of its own, resumes them once.
+    prefect_deploy(server, str(legacy))
+    assert states(server) == {UP: False, EVENING: False, OFF_DAYS: False}
+    with api(server) as client:
+        client.delete_variable_by_name(HELD_VARIABLE)
+    bootstrap_deploy(server)
+    assert states(server) == {UP: True, EVENING: True, OFF_DAYS: True}
+
+
+def test_an_operators_pause_survives_bootstrap_deploy_and_prefect_deploy_and_doctor_warns_of_it(server):
+    fresh(server)
+    bootstrap_deploy(server)
     assert states(server) == {UP: True, EVENING: True, OFF_DAYS: True}
     pause(server, EVENING)
 
@@ -100,47 +135,7 @@ def test_an_operators_pause_survives_bootstrap_deploy_and_prefect_deploy(server,
         up = next(s for s in client.read_deployment_by_name(HOURS).schedules if s.slug == UP)
     assert up.parameters == {"min_instances": 1, "warm_until": "19:00", "timezone": "Europe/Berlin"}
 
-
-def test_schedules_wait_for_their_target_and_run_once_it_exists(server, sandbox):
-    fresh(server, sandbox)
-    delete_target(server)
-    deployed = bootstrap_deploy(server)
-    assert states(server) == {UP: False, EVENING: False, OFF_DAYS: False}  # their runs could only fail
-    assert "tiny-chat-hours: " in deployed and "paused: no GcpTarget block 'sandbox'" in deployed, deployed
-    prefect_deploy(server)  # a deploy in between keeps them as they are
-    assert states(server) == {UP: False, EVENING: False, OFF_DAYS: False}
-
-    save_blocks(server, sandbox)
-    deployed = bootstrap_deploy(server)
-    assert "tiny-chat-hours: 3 schedules active" in deployed, deployed
-    assert states(server) == {UP: True, EVENING: True, OFF_DAYS: True}
-
-
-def test_schedules_a_prefect_file_paused_are_resumed_when_their_target_exists(server, sandbox, tmp_path):
-    fresh(server, sandbox)
-    # The prefect files this project generated before wrote every schedule `active: false`.
-    legacy = tmp_path / "prefect.yaml"
-    text = (ROOT / SANDBOX_FILE).read_text()
-    legacy.write_text(re.sub(r"(\n( +)slug: .+)", r"\1\n\2active: false", text))
-    with api(server) as client:
-        client.delete_deployment(client.read_deployment_by_name(HOURS).id)
-
-    bootstrap_deploy(server, str(legacy))  # new schedules, created paused by the file; their target exists
-    assert states(server) == {UP: True, EVENING: True, OFF_DAYS: True}
-
-    # A server that an older bootstrap kept, after a `prefect deploy --all` of that file paused everything (the 19:00
-    # scale-down after the 08:00 scale-up had run): bootstrap, finding no record of its own, resumes them once.
-    prefect_deploy(server, str(legacy))
-    assert states(server) == {UP: False, EVENING: False, OFF_DAYS: False}
-    with api(server) as client:
-        client.delete_variable_by_name(HELD_VARIABLE)
-    bootstrap_deploy(server)
-    assert states(server) == {UP: True, EVENING: True, OFF_DAYS: True}
-
-
-def test_doctor_lists_each_schedule_and_warns_when_a_warm_up_runs_with_its_scale_down_paused(server, sandbox):
-    fresh(server, sandbox)
-    pause(server, EVENING)
+    # Doctor lists every schedule with its state, and warns of the warm-up left running with its scale-down paused.
     with api(server) as client:
         evening = next(s for s in client.read_deployment_by_name(HOURS).schedules if s.slug == EVENING)
     command = [sys.executable, "-m", "flows.doctor", "--target", "sandbox", "--models", "deployments/sandbox"]
