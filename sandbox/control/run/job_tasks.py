@@ -33,6 +33,7 @@ class AttemptSpec:
     timeout_s: float
     stdout: Path
     stderr: Path
+    image_bin: Path | None = None  # the image's Python environment (image_env.py); None: this host's interpreter
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class TaskAttempt:
 
     def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-        image_bin = str(Path(sys.executable).parent)
+        image_bin = str(self.spec.image_bin or Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([image_bin, "/usr/local/bin", "/usr/bin", "/bin"])
         env.update(self.spec.env)
         return env
