@@ -61,6 +61,9 @@ HOST_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_UR
             "PIP_DEFAULT_TIMEOUT", "PIP_CONSTRAINT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
             "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")  # fmt: skip
 HOST_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
+# A folder of wheels (python -m sandbox.wheelhouse) to install from instead of the package index: where the sandbox
+# runs without one (make worker-e2e's network namespace).
+WHEELHOUSE_ENV = "SANDBOX_WHEELHOUSE"
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,8 @@ def _run(argv: list[str], cwd: Path, extra: dict[str, str], log, where: str, bin
     env = {k: os.environ[k] for k in HOST_ENV if k in os.environ}
     env.update({k: v for k, v in extra.items() if k not in ("PATH", "PYTHONPATH", "PYTHONHOME")})
     env["PATH"] = os.pathsep.join([*([str(bin_dir)] if bin_dir else []), "/usr/local/bin", "/usr/bin", "/bin"])
+    if os.environ.get(WHEELHOUSE_ENV):
+        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=os.environ[WHEELHOUSE_ENV])
     log.write(f"$ {shlex.join(argv)}   (in {cwd})\n")
     log.flush()
     try:
