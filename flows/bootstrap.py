@@ -4,7 +4,9 @@
 GcpCredentials block (Application Default Credentials, or `--key-file`) and, when HF_TOKEN is set, the Hub token
 as a Secret block; it creates the work pool the deployments use (`process`, or prefect-gcp's `cloud-run-v2` with
 its base job template filled in, optionally with a worker image built by Cloud Build), deploys, and prints the
-next command. `deploy` only redeploys (after a model file changed). A running sandbox's blocks come from
+next command. `deploy` only redeploys (after a model file changed); on a cloud-run-v2 pool it first checks that the
+pool's image holds this tree, and refuses a stale one or rebuilds it (`--build-worker-image`:
+tasks/report/pool_image.py). A running sandbox's blocks come from
 `python -m sandbox blocks DIR` instead of `gcp`.
 """
 
@@ -23,17 +25,18 @@ from google.auth.exceptions import DefaultCredentialsError
 from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
-from prefect.exceptions import ObjectNotFound
 from prefect_gcp import GcpCredentials
 
 from blocks import GcpTarget, ModelSource, ServingProfile
 from blocks.target import ApiEndpoints
-from flows.common import DEFAULT_TARGET
+from flows import schedule_control
+from flows.common import DEFAULT_TARGET, load_target
 from flows.project import PROJECT_DIR, pipeline_pool
 from tasks.checks.api_reach import Reach, require_reachable_api
 from tasks.common.permissions import DEPLOYER_ROLES, grant_command
+from tasks.image.worker_image import rebuild_command
 from tasks.infra.ensure import ensure_network, ensure_subnet, get_or_create_service_account
+from tasks.report.pool_image import check_pool_image, pinned_image_warning, read_pool
 from tasks.report.prefect_api import job_vpc_access, store_prefect_credentials
 from tasks.report.work_pool import (
     DEFAULT_STAGING_MB_S,
@@ -127,6 +130,10 @@ def ensure_pool(name: str, pool_type: str, target: GcpTarget, args: argparse.Nam
                 "--pool-type cloud-run-v2: the pool's jobs need the image that holds this project; give "
                 "--worker-image REF, or --build-worker-image to build ./Dockerfile with Cloud Build"
             )
+        if not args.build_worker_image:
+            warning = pinned_image_warning(name, image, PROJECT_DIR, target, rebuild_command(args.name))
+            if warning:
+                print(warning, file=sys.stderr)
         job_account = args.worker_service_account or runner_service_account(target)
         print(runner_account(target, job_account))
         secrets, lines = store_prefect_credentials(target, job_account)
@@ -205,59 +212,20 @@ def runner_account(target: GcpTarget, email: str) -> str:
     return "\n".join(lines)
 
 
-def _pool_type(name: str) -> str | None:
-    with get_client(sync_client=True) as client:
-        try:
-            return client.read_work_pool(name).type
-        except ObjectNotFound:
-            return None
-
-
 def deploy(prefect_file: Path) -> list[str]:
-    """`prefect --no-prompt deploy --all` for ``prefect_file``, then each schedule resumed when the GcpTarget its
-    deployment names exists, and left paused (with the reason) when it does not. Returns one line per schedule
-    decision."""
+    """`prefect --no-prompt deploy --all` for ``prefect_file``, then its model schedules settled
+    (flows/schedule_control.py): paused while the GcpTarget their deployment names is missing, resumed once it exists
+    when bootstrap paused them, otherwise left as their operator set them. One line per scheduled deployment."""
+    with get_client(sync_client=True) as client:
+        before = schedule_control.schedule_slugs(client, prefect_file)
     result = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file)],
         cwd=PROJECT_DIR, capture_output=True, text=True, env={**os.environ, "PREFECT_CLI_COLORS": "false"},
     )  # fmt: skip
     if result.returncode != 0:
         raise RuntimeError(f"prefect deploy failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
-    return resume_schedules(prefect_file)
-
-
-def _target_exists(client: Any, name: str) -> bool:
-    try:
-        client.read_block_document_by_name(name, block_type_slug=GcpTarget.get_block_type_slug())
-    except ObjectNotFound:
-        return False
-    return True
-
-
-def resume_schedules(prefect_file: Path) -> list[str]:
-    """The prefect file writes model schedules paused; resume those whose target block exists."""
-    entries = yaml.safe_load(prefect_file.read_text()).get("deployments") or []
-    scheduled = {d["name"]: d["entrypoint"] for d in entries if d.get("schedules")}
-    lines = []
     with get_client(sync_client=True) as client:
-        found = client.read_deployments(
-            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(scheduled)))
-        )
-        for deployment in found:
-            if scheduled.get(deployment.name) != deployment.entrypoint:
-                continue  # another project's deployment of the same name
-            target = (deployment.parameters or {}).get("target", DEFAULT_TARGET)
-            active = _target_exists(client, target)
-            for schedule in deployment.schedules:
-                if schedule.active != active:
-                    # The parameters go along: on Prefect 3.9.1 a PATCH with only `active` stores the schedule's
-                    # parameters as {} (seen in tests/e2e/test_deployments.py), and min_instances would be lost.
-                    client.update_deployment_schedule(
-                        deployment.id, schedule.id, active=active, parameters=schedule.parameters
-                    )
-            state = "active" if active else f"paused: no GcpTarget block '{target}' (create it with bootstrap gcp)"
-            lines.append(f"{deployment.name}: {len(deployment.schedules)} schedules {state}")
-    return sorted(lines)
+        return schedule_control.settle(client, prefect_file, before)
 
 
 def _gcp(args: argparse.Namespace) -> int:
@@ -294,11 +262,28 @@ def _gcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deploy_target(name: str) -> GcpTarget:
+    try:
+        return load_target(name)
+    except ValueError:
+        raise ValueError(
+            f"--name: no GcpTarget block named '{name}' to reach Artifact Registry and Cloud Build with, for the work "
+            "pool's worker image; give --name with the block `bootstrap gcp` saved (its --name)"
+        ) from None
+
+
 def _deploy(args: argparse.Namespace) -> int:
     prefect_file = (PROJECT_DIR / args.prefect_file).resolve()
     pool = pipeline_pool(prefect_file)
-    if _pool_type(pool) is None:
+    found = read_pool(pool)
+    if found is None:
         print(f"work pool '{pool}' (process): {ensure_work_pool(pool, 'process', None)}")
+    else:
+        # Before `prefect deploy`: a cloud-run-v2 pool's runs read the model files from its image (flows/project.py).
+        fix = rebuild_command(args.name)
+        lines = check_pool_image(found, PROJECT_DIR, lambda: _deploy_target(args.name), args.build_worker_image, fix)
+        for line in lines:
+            print(line, file=sys.stderr if line.startswith("warning: ") else sys.stdout)
     for line in deploy(prefect_file):
         print(f"schedule {line}")
     print(f"\nnext: prefect worker start --pool {pool}")
@@ -326,8 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         help="cloud-run-v2: the Hub-to-bucket rate the jobs' timeout plans for (default: %(default)s MB/s)",
     )  # fmt: skip
     gcp.add_argument("--no-deploy", action="store_true", help="stop before `prefect deploy`")
-    redeploy = sub.add_parser("deploy", help="deploy a prefect file and resume its schedules whose target exists")
+    redeploy = sub.add_parser("deploy", help="deploy a prefect file; each schedule keeps its state")
     redeploy.add_argument("--prefect-file", default="prefect.yaml", help="relative to the project folder")
+    redeploy.add_argument("--name", default=DEFAULT_TARGET,
+                          help="cloud-run-v2: the GcpTarget block the worker image is read and built with")  # fmt: skip
+    redeploy.add_argument("--build-worker-image", action="store_true",
+                          help="cloud-run-v2: build ./Dockerfile if the pool's image lacks this tree")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         return _gcp(args) if args.kind == "gcp" else _deploy(args)

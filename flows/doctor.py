@@ -1,13 +1,13 @@
 """doctor: check a project before anything is spent. Read-only: it creates, changes and deletes nothing.
 
-    python -m flows.doctor --target production [--profile l4] [--service NAME]
+    python -m flows.doctor --target production [--profile l4] [--service NAME] [--models deployments]
 
-Each check is its own Prefect task (the run graph shows them side by side); the results are printed one line per
-check, then the fixes, each once, ending with one copyable block of ``gcloud projects add-iam-policy-binding``
-commands for every role the caller lacks; the rows are also published as a table artifact. A run with a failed check
-ends Failed with a one-line message (a returned Failed state: Prefect logs no traceback for findings). Exit code 0
-when nothing failed (warnings allowed), 1 otherwise. promote-model runs the same checks first when the target sets
-``doctor_before_promote``.
+Each check is its own Prefect task (the run graph shows them side by side); the results are printed one line per check
+(and one per model file of the target: its schedules as the Prefect API has them), then the fixes, each once, ending
+with one copyable block of ``gcloud projects add-iam-policy-binding`` commands for every role the caller lacks; the rows
+are also published as a table artifact. A run with a failed check ends Failed with a one-line message (a returned Failed
+state: Prefect logs no traceback for findings). Exit code 0 when nothing failed (warnings allowed), 1 otherwise.
+promote-model runs the same checks first when the target sets ``doctor_before_promote``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,17 @@ from prefect.states import Failed
 
 from blocks.profile import ServingProfile
 from blocks.target import GcpTarget
-from flows.common import load_profile, load_target
+from flows.common import DEFAULT_TARGET, load_profile, load_target, read_spec
 from flows.project import PROJECT_DIR, pipeline_pool
 from tasks.checks import doctor as checks
 from tasks.checks.doctor import Check, DoctorFailed
+from tasks.checks.doctor.schedules import ModelHours, check_schedules
 from tasks.common import clients
 from tasks.common.progress import artifact_key
+from tasks.image.worker_image import rebuild_command
+from tasks.report.cost import instance_hour
+from tasks.report.pool_image import read_pool
+from tasks.report.schedules import hours_deployment
 
 
 @task(name="doctor_check_project_access")
@@ -114,6 +119,16 @@ def doctor_check_prefect_api(target: GcpTarget, profile: ServingProfile) -> list
     return [checks.check_prefect_api(pipeline_pool(PROJECT_DIR / "prefect.yaml"), target)]
 
 
+@task(name="doctor_check_worker_image")
+def doctor_check_worker_image(target: GcpTarget, profile: ServingProfile) -> list[Check]:
+    """A cloud-run-v2 work pool's image holds this project's tree (its runs read deployments/ and the flows there)."""
+    pool = pipeline_pool(PROJECT_DIR / "prefect.yaml")
+    found = read_pool(pool)
+    name = getattr(target, "_block_document_name", None) or "TARGET"  # the block's name, for the fix command
+    pool_type, image = (found.type, found.image) if found else (None, None)
+    return [checks.check_worker_image(target, pool, pool_type, image, PROJECT_DIR, rebuild_command(name))]
+
+
 # Each task takes (target, profile) and returns its rows; the table keeps this order.
 CHECK_TASKS = [
     doctor_check_project_access,
@@ -130,7 +145,41 @@ CHECK_TASKS = [
     doctor_check_build_identity,
     doctor_check_bucket,
     doctor_check_prefect_api,
+    doctor_check_worker_image,
 ]
+
+
+def _hourly(profile: str) -> float | None:
+    try:
+        return round(sum(usd for _, usd in instance_hour(load_profile(profile))), 2)
+    except ValueError:  # a profile block that cannot be loaded: the row says no price rather than fail
+        return None
+
+
+def model_hours(folder: str, target: str) -> tuple[list[ModelHours], list[Check]]:
+    """The model files in ``folder`` (relative to the project) whose target is ``target``, and a row for each file
+    that cannot be read (the error names the field and the fix)."""
+    models, unreadable = [], []
+    for path in sorted((PROJECT_DIR / folder).glob("*.yaml")):
+        try:
+            spec = read_spec(str(path), within=PROJECT_DIR / folder)
+        except ValueError as exc:
+            unreadable.append(Check(name=f"schedules {path.stem}", status="warn", detail=str(exc).splitlines()[0]))
+            continue
+        if spec.get("target", DEFAULT_TARGET) != target:
+            continue  # that target's doctor shows it
+        profile = spec.get("profile", "l4")  # promote-model's default (flows/promote.py)
+        models.append(ModelHours(name=path.stem, deployment=f"scale-service/{hours_deployment(path.stem)}",
+                                 profile=profile, hourly_usd=_hourly(profile)))  # fmt: skip
+    return models, unreadable
+
+
+@task(name="doctor_check_schedules")
+def doctor_check_schedules(target: str, models: str) -> list[Check]:
+    """Each model file's business hours as the Prefect API has them: every schedule active or paused, its next run,
+    and a warning when a warm-up runs while a scale-down is paused (read only)."""
+    found, unreadable = model_hours(models, target)
+    return unreadable + check_schedules(found, models, target)
 
 
 def run_checks(target: GcpTarget, profile: ServingProfile) -> list[Check]:
@@ -190,10 +239,19 @@ def publish(rows: list[Check], target: GcpTarget, service: str | None) -> None:
     )
 
 
-def examine(target: GcpTarget, profile: ServingProfile, service: str | None, profile_name: str | None) -> list[Check]:
+def examine(
+    target: GcpTarget, profile: ServingProfile, service: str | None, profile_name: str | None,
+    hours: tuple[str, str] | None = None,
+) -> list[Check]:  # fmt: skip
     """Run every check, print the report (one print: a single log record, so the block below its first line has
-    no log prefix and copies as it is) and publish the artifact."""
+    no log prefix and copies as it is) and publish the artifact. ``hours``: (target name, model folder) to add the
+    schedules rows (the doctor flow; promote-model's first step checks the project only)."""
     rows = run_checks(target, profile)
+    if hours is not None:
+        try:
+            rows += doctor_check_schedules(*hours)
+        except Exception as exc:  # like any check: a crash is a row, the other rows still print
+            rows.append(Check(name="schedules", status="fail", detail=f"crashed: {checks.google_text(exc)}"))
     print(report(rows, target, profile_name))
     publish(rows, target, service)
     return rows
@@ -223,17 +281,21 @@ def final_message(rows: list[Check]) -> str:
 
 
 @flow(name="doctor", log_prints=True)
-def doctor(target: str, profile: str = "l4", service: str | None = None) -> list[Check] | State:
+def doctor(
+    target: str, profile: str = "l4", service: str | None = None, models: str = "deployments"
+) -> list[Check] | State:
     """Check a GCP project read-only before a promotion spends anything.
 
     Project access, APIs enabled, the deployer's permissions and actAs on the runtime service account, the GPU offered
     in the region and its quota against max_instances, organisation policies (resource locations, Cloud Run ingress and
-    VPC egress, domain-restricted sharing), the build identity, and an existing bucket's location. Prints one line per
-    check, then each fix once and the roles to grant as one block. Returns the rows; when a check failed, a Failed
-    state whose message is one line (calling the flow raises DoctorFailed, with the rows, from it).
+    VPC egress, domain-restricted sharing), the build identity, an existing bucket's location, whether a
+    cloud-run-v2 work pool's image holds this tree, and the schedules of each model file in ``models`` that names
+    ``target`` (active or paused, next run). Prints one line per check, then each fix once and the roles to grant as
+    one block. Returns the rows; when a check failed, a Failed state whose message is one line (calling the flow
+    raises DoctorFailed, with the rows, from it).
     """
     gcp = load_target(target)
-    rows = examine(gcp, load_profile(profile), service, profile)
+    rows = examine(gcp, load_profile(profile), service, profile, hours=(target, models))
     if any(r.status == "fail" for r in rows):
         # Returned, not raised: a raised exception is logged at ERROR with its traceback and again in the final state,
         # which for findings only repeats the report above.
@@ -247,9 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="GcpTarget block name")
     parser.add_argument("--profile", default="l4", help="preset (l4, rtx-pro-6000, cpu) or ServingProfile block")
     parser.add_argument("--service", default=None, help="Cloud Run service name (shown in the report)")
+    parser.add_argument("--models", default="deployments", help="folder of model files whose schedules to show")
     args = parser.parse_args(argv)
     try:
-        doctor(target=args.target, profile=args.profile, service=args.service)
+        doctor(target=args.target, profile=args.profile, service=args.service, models=args.models)
     except DoctorFailed:
         return 1  # the table above says what and how to fix
     except ValueError as exc:

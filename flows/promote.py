@@ -50,6 +50,7 @@ from tasks.deploy.render import Weights, gcloud_command, render_service, revisio
 from tasks.image.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.image.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.infra import access, build_identity, ensure
+from tasks.report.archive import gcs_archive_report
 from tasks.report.cost import CostEstimate, WatchPlan, estimate
 from tasks.report.report import PromotionReport
 from tasks.report.schedules import WarmHours
@@ -516,4 +517,6 @@ def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> Non
             "revision": report.serving_revision, "traffic": report.traffic,
             "steps": [step.model_dump() for step in report.delivery],
         })  # fmt: skip
+    if report.outcome != "dry-run":  # a dry run changed nothing; its plan is its artifact
+        gcs_archive_report(target, report)  # history beyond the Prefect plan's retention (docs/production.md)
     run_logger().info("%s", report.outcome_line())  # the run's last words: what it did, and where traffic stands

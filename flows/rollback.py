@@ -6,6 +6,7 @@ from prefect import flow
 
 from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
 from tasks.deploy.cloudrun import Rollback, run_rollback
+from tasks.report.archive import gcs_archive_report
 from tasks.report.outcome import publish, rollback_outcome, run_read_service
 
 
@@ -19,7 +20,8 @@ def rollback_model(
     recorded as rolled back.
 
     Staged weights stay in the bucket per commit, so the older revision serves its own weights again. The run ends
-    with one outcome line (traffic before and after, URL) and the artifact `rollback-<service>` with the same facts.
+    with one outcome line (traffic before and after, URL) and the artifact `rollback-<service>` with the same facts,
+    also kept in the target's bucket under reports/<service>/ (tasks/report/archive.py).
 
     Args:
         service: The Cloud Run service whose traffic moves back, e.g. gemma-4-e2b.
@@ -32,5 +34,7 @@ def rollback_model(
         result = run_rollback(gcp, service, to_revision, force)
         after = run_read_service(gcp, service)  # what Cloud Run serves now, under the lock that moved it
     emit("model.rolled_back", gcp, service, {"from": result.from_revision, "to": result.to_revision})
-    publish(rollback_outcome(gcp, service, after, result.from_revision, result.to_revision))
+    outcome = rollback_outcome(gcp, service, after, result.from_revision, result.to_revision)
+    publish(outcome)
+    gcs_archive_report(gcp, outcome)  # kept in the bucket past Prefect's retention; a failure is only a warning
     return result

@@ -13,6 +13,7 @@ from flows.common import DEFAULT_TARGET, emit, load_target, service_lock
 from tasks.checks.quotas import run_check_scale_quota
 from tasks.common.gcp import InfraError
 from tasks.deploy.cloudrun import Scaling, run_scale_service
+from tasks.report.archive import gcs_archive_report
 from tasks.report.outcome import publish, run_read_service, scale_outcome, skipped_scale
 from tasks.report.schedules import late_scale_up, promote_command
 
@@ -56,7 +57,8 @@ def scale_service(
 
     A no-op when the service is already there. The schedules in prefect.yaml run it to keep one instance warm in
     business hours and let the service scale to zero outside them. Each run ends with one outcome line (min and max
-    before and after, traffic, URL) and the artifact `scale-<service>` with the same facts.
+    before and after, traffic, URL) and the artifact `scale-<service>` with the same facts, also kept in the target's
+    bucket under reports/<service>/ (tasks/report/archive.py; a run that did nothing on purpose is not kept).
 
     A run a schedule started for a service not promoted yet completes without changes, saying "not promoted yet" and
     how to promote it; started by hand, the same run fails naming the service. Chosen over keeping the schedules
@@ -98,5 +100,7 @@ def scale_service(
         result = run_scale_service(gcp, service, min_instances, max_instances)
     if result.changed:
         emit("service.scaled", gcp, service, {"min_instances": min_instances, "max_instances": result.max_instances})
-    publish(scale_outcome(gcp, before, min_instances, result.max_instances, result.changed))
+    outcome = scale_outcome(gcp, before, min_instances, result.max_instances, result.changed)
+    publish(outcome)
+    gcs_archive_report(gcp, outcome)  # kept in the bucket past Prefect's retention; a failure is only a warning
     return result

@@ -39,6 +39,10 @@ from tasks.common.logs import run_logger
 
 LOCK_LEASE_S = 60  # the server accepts no shorter lease: a run killed holding the lock frees it after a minute
 RENEW_EVERY_S = LOCK_LEASE_S / 4  # three tries fit in one lease before it could lapse
+# Each turn is one request (POST /v2/concurrency_limits/leases/{id}/renew), as is each fence: 4 a minute per lock
+# held, 1.6 % of the 250 a minute of Prefect Cloud's Hobby plan, the smallest ("Rate limits and data retention",
+# https://docs.prefect.io/v3/concepts/rate-limits). The whole promotion's busiest minute, renewals included, is
+# measured by tests/e2e/test_api_budget.py (docs/production.md, "Prefect Cloud's rate limits").
 RETRY_CAP_S = 10  # the longest pause between two tries while the server is out of reach
 
 

@@ -7,10 +7,13 @@ deployments/*.yaml (your models) go to prefect.yaml; deployments/sandbox/*.yaml 
 go to sandbox/prefect.yaml, which only the demo and the tests deploy, so a real project never gets them.
 
 Each model file gives one promote-model deployment (its parameters: the file) and one scale-service deployment
-whose schedules follow the file's `schedule:` (warm hours, days, time zone). The schedules are written paused
-(`active: false`): `python -m flows.bootstrap deploy` resumes those whose GcpTarget block exists, so a
-`prefect deploy --all` leaves no schedule running against a project that is not set up. Until the model is
-promoted the resumed schedules' runs complete as no-ops that say "not promoted yet" (flows/scale.py). A model
+whose schedules follow the file's `schedule:` (warm hours, days, time zone). Each schedule has a slug and no
+`active:`: Prefect 3.9.1's `prefect deploy` then updates an existing schedule in place by its slug and leaves its
+active state alone (server/api/deployments.py, `update_deployment`: a field not sent is not written), so an
+operator's pause survives every deploy, and no deploy pauses a running scale-down (an `active: false` here did, on
+every `prefect deploy --all`: PrefectHQ/prefect#14973 and #18822 are the same class). A new schedule is created
+active; `python -m flows.bootstrap deploy` pauses those whose GcpTarget block is missing (flows/bootstrap.py).
+Until the model is promoted the schedules' runs complete as no-ops that say "not promoted yet" (flows/scale.py). A model
 file whose header has a `# example: NOTE` line is an example to adapt: both its deployments' descriptions say so,
 with the note. Only the block between the markers is written; the rest of each file (pull steps, pools, the
 by-hand deployments) is left as it is.
@@ -105,7 +108,6 @@ def model_deployments(spec_path: Path, relative_to: Path = ROOT) -> str:
             f'      - cron: "{schedule.cron}"',
             f"        timezone: {schedule.timezone}",
             f"        slug: {schedule.slug}",
-            "        active: false",
             "        parameters:",
             f"          min_instances: {schedule.min_instances}",
         ]

@@ -18,6 +18,7 @@ from tasks.infra.teardown import (
     compute_delete_network,
     compute_delete_subnet,
     gcs_delete_build_bucket,
+    gcs_delete_reports,
     gcs_delete_staged_weights,
     iam_delete_service_account,
     kept,
@@ -36,12 +37,13 @@ def teardown(
     staged_weights: bool = False,
     build_bucket: bool = False,
     artifact_repository: bool = False,
+    reports: bool = False,
 ) -> list[EnsureResult]:
     """Delete the service, then (when asked) the subnet and network, the service accounts (serving, build), the Hub
-    token secret, the bucket with the staged weights, the build bucket with build sources and logs, and the
-    Artifact Registry repository with the built images (``artifact_repository``; the service that ran them is gone
-    first), in that order. Each step tolerates what is already gone; a ``service`` no Cloud Run service can be
-    named is refused before any call.
+    token secret, the service's run reports, the bucket with the staged weights, the build bucket with build sources
+    and logs, and the Artifact Registry repository with the built images (``artifact_repository``; the service that
+    ran them is gone first), in that order. Each step tolerates what is already gone; a ``service`` no Cloud Run
+    service can be named is refused before any call.
 
     Cloud Run keeps a subnet's Direct VPC egress IPs 1-2 h after the last service using it is deleted: the subnet
     and network then come back ``held`` (what holds them, when to retry) and the rest of the teardown goes on. Run
@@ -56,10 +58,13 @@ def teardown(
             Cloud Build identity.
         secret: Also delete the Secret Manager secret holding the Hub token; kept while another service reads it.
         staged_weights: Also delete the weights this service's revisions read from the bucket, then the bucket once
-            nothing is left in it; weights another service reads stay.
+            nothing is left in it; weights another service reads stay, and so do run reports (see ``reports``).
         build_bucket: Also delete the Cloud Build bucket with build sources and logs (images stay in the registry).
         artifact_repository: Also delete the Artifact Registry repository with the built images; kept while another
             service runs one of them.
+        reports: Also delete this service's run reports in the bucket (reports/<service>/, tasks/report/archive.py).
+            Kept by default: they are the service's history once Prefect's retention (7 days on Hobby and Starter)
+            has dropped its runs. Another service's reports are never touched.
     """
     check_service_name(service)  # else a typo reports "absent" while the real service keeps running
     gcp = load_target(target)
@@ -77,6 +82,8 @@ def teardown(
             users = usage.users("secrets", gcp.hf_token_secret)
             results.append(kept("secret", gcp.hf_token_secret, users, "a secret of theirs") if users
                            else secretmanager_delete_secret(gcp))  # fmt: skip
+        if reports:  # before the weights: the bucket goes only when nothing is left in it
+            results.append(gcs_delete_reports(gcp, service))
         if staged_weights:
             results.append(gcs_delete_staged_weights(gcp, usage))
         if build_bucket:

@@ -17,3 +17,13 @@ PREVIOUS_TAG = "previous"
 def repository_host(target: GcpTarget) -> str:
     """The Artifact Registry Docker repository the target's images are pushed to."""
     return f"{target.region}-docker.pkg.dev/{target.project}/{target.artifact_repository}"
+
+
+# Where each run's report is kept in the target's bucket, one folder per service: reports/<service>/ (written by
+# tasks/report/archive.py; a teardown deletes a service's folder only when asked, tasks/infra/teardown.py).
+REPORTS_PREFIX = "reports"
+
+
+def reports_prefix(service_id: str) -> str:
+    """The folder of one service's reports in the target's bucket, e.g. ``reports/gemma-4-e2b/``."""
+    return f"{REPORTS_PREFIX}/{service_id}/"

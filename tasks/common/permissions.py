@@ -95,13 +95,14 @@ DEPLOYER_ROLES: tuple[RoleNeed, ...] = (
             "storage.buckets.getIamPolicy": "check the bucket is private; grant the serving account objectViewer",
             "storage.buckets.setIamPolicy": "objectViewer for the serving account; the build identity's bucket role",
             "storage.buckets.delete": "teardown --staged-weights, --build-bucket",
-            "storage.objects.list": "stage weights: find what is already staged",
+            "storage.objects.list": "stage weights: find what is already staged; teardown --reports",
             "storage.objects.get": "stage weights: read the manifest; read build logs",
-            "storage.objects.create": "stage weights; upload build source",
-            "storage.objects.delete": "stage weights: replace a bad object; teardown --staged-weights, --build-bucket",
+            "storage.objects.create": "stage weights; upload build source; archive each run's report (reports/)",
+            "storage.objects.delete": "stage weights: replace a bad object; teardown --staged-weights, --build-bucket, "
+            "--reports",
         },
         purpose="create and check the model and build buckets, set their IAM policies, stage weights, build sources "
-        "and logs; teardown --staged-weights, --build-bucket",
+        "and logs, archive run reports; teardown --staged-weights, --build-bucket, --reports",
     ),
     RoleNeed(
         "roles/compute.networkAdmin",

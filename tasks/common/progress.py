@@ -12,6 +12,11 @@ from prefect.exceptions import MissingContextError
 
 from tasks.common.logs import run_logger
 
+# Each update of the progress bar is one API request (PATCH /artifacts/{id}): a staging fast enough to cross a whole
+# percent at every 0.5 s tick would make 120 a minute, half of Prefect Cloud Hobby's 250 ("Rate limits and data
+# retention", https://docs.prefect.io/v3/concepts/rate-limits). At most one every 5 s: 12 a minute, and the end.
+PUBLISH_EVERY_S = 5.0
+
 
 def _in_run() -> bool:
     try:
@@ -38,6 +43,7 @@ class ByteProgress:
         self._started = time.monotonic()
         self._logged_decile = int(10 * done / self.total)
         self._published = -1.0
+        self._published_at = -PUBLISH_EVERY_S
         self._artifact_id = None
         if _in_run():
             self._artifact_id = create_progress_artifact(
@@ -66,7 +72,10 @@ class ByteProgress:
                 self.total / 1e6,
                 self.mb_per_s,
             )
-        # Whole percents, and always the end: a bar last published at 99.96 % must still reach 100 %.
-        if self._artifact_id is not None and (percent - self._published >= 1 or percent >= 100 > self._published):
+        # Whole percents at most every PUBLISH_EVERY_S, and always the end: a bar last published at 99.96 % must still
+        # reach 100 %.
+        now = time.monotonic()
+        due = percent - self._published >= 1 and now - self._published_at >= PUBLISH_EVERY_S
+        if self._artifact_id is not None and (due or percent >= 100 > self._published):
             update_progress_artifact(self._artifact_id, progress=percent)
-            self._published = percent
+            self._published, self._published_at = percent, now

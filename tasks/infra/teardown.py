@@ -2,7 +2,8 @@
 
 Each deletes one resource and tolerates its absence, so a teardown can run twice or after a partial one.
 The flow calls them in dependency order: service, subnet, network, service account, and the bucket (with the
-staged weights in it), the build bucket and the Artifact Registry repository (with its images) only when asked.
+staged weights in it), the build bucket and the Artifact Registry repository (with its images) only when asked; a
+service's run reports (reports/<service>/) only when asked, and never another service's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from prefect import task
 from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for
-from tasks.common.naming import SERVICE_ID
+from tasks.common.naming import REPORTS_PREFIX, SERVICE_ID, reports_prefix
 from tasks.infra.ensure import (
     iam_call,
     repository_path,
@@ -190,13 +191,49 @@ def delete_staged_weights(target: GcpTarget, usage: TargetUsage) -> EnsureResult
         if users := usage.users("buckets", bucket_name):
             return EnsureResult(kind="bucket", name=name, action="kept",
                                 changes=[*changes, f"the bucket: {', '.join(users)} mount it"])  # fmt: skip
-        if any(True for _ in storage.list_blobs(bucket, max_results=1)):
-            changes.append("the bucket: it holds weights staged for no service (a promotion staging now, or one that "
-                           "failed); delete them by hand if they are not needed")  # fmt: skip
-            return EnsureResult(kind="bucket", name=name, action="kept", changes=changes)
+        if left := _left_in_bucket(storage, bucket):
+            return EnsureResult(kind="bucket", name=name, action="kept", changes=[*changes, *left])
         with contextlib.suppress(gexc.NotFound):
             bucket.delete()
     return EnsureResult(kind="bucket", name=name, action="deleted", changes=[*changes, f"{deleted} objects deleted"])
+
+
+def _left_in_bucket(storage, bucket) -> list[str]:
+    """Why the bucket stays once this service's weights are gone: what is left in it, each with what to do."""
+    listing = storage.list_blobs(bucket, delimiter="/")
+    loose = [blob.name for blob in listing]  # objects at the top (consumes the pages, which fills .prefixes)
+    top = set(listing.prefixes)
+    reasons = []
+    if top - {f"{REPORTS_PREFIX}/"} or loose:
+        reasons.append("the bucket: it holds weights staged for no service (a promotion staging now, or one that "
+                       "failed); delete them by hand if they are not needed")  # fmt: skip
+    if f"{REPORTS_PREFIX}/" in top:
+        services = storage.list_blobs(bucket, prefix=f"{REPORTS_PREFIX}/", delimiter="/")
+        list(services)
+        names = sorted(p.removeprefix(f"{REPORTS_PREFIX}/").rstrip("/") for p in services.prefixes)
+        reasons.append(
+            f"the bucket: it holds the run reports of {', '.join(names)} under {REPORTS_PREFIX}/ (their history, "
+            "kept by default); tear each down with `reports` to delete its own, or delete them by hand: "
+            f"`gcloud storage rm -r gs://{bucket.name}/{REPORTS_PREFIX}/`"
+        )
+    return reasons
+
+
+def delete_reports(target: GcpTarget, service_id: str) -> EnsureResult:
+    """This service's run reports (gs://BUCKET/reports/<service>/, tasks/report/archive.py) and nothing else: another
+    service's reports are its own history. The bucket itself stays (the staged weights' teardown decides on it)."""
+    prefix = reports_prefix(service_id)
+    name = f"gs://{target.bucket_name}/{prefix}"
+    storage = clients.storage(target)
+    with gcp_errors("storage", "roles/storage.admin", f"deleting the reports in {name}", target):
+        bucket = storage.lookup_bucket(target.bucket_name)
+        blobs = list(storage.list_blobs(bucket, prefix=prefix)) if bucket is not None else []
+        for blob in blobs:
+            with contextlib.suppress(gexc.NotFound):  # deleted meanwhile
+                blob.delete()
+    if not blobs:
+        return EnsureResult(kind="reports", name=name, action="absent")
+    return EnsureResult(kind="reports", name=name, action="deleted", changes=[f"{len(blobs)} objects deleted"])
 
 
 run_delete_service = task(name="run_delete_service")(delete_service)
@@ -206,6 +243,7 @@ iam_delete_service_account = task(name="iam_delete_service_account")(delete_serv
 secretmanager_delete_secret = task(name="secretmanager_delete_secret")(delete_secret)
 gcs_delete_staged_weights = task(name="gcs_delete_staged_weights")(delete_staged_weights)
 artifactregistry_delete_repository = task(name="artifactregistry_delete_repository")(delete_artifact_repository)
+gcs_delete_reports = task(name="gcs_delete_reports")(delete_reports)
 
 
 @task(name="gcs_delete_build_bucket")

@@ -26,17 +26,16 @@ from prefect.workers.process import ProcessWorker
 from prefect_gcp.workers.cloud_run_v2 import CloudRunWorkerV2, CloudRunWorkerV2Variables
 from pydantic import TypeAdapter, ValidationError
 
-from blocks.images import ImageBuild
 from blocks.target import GcpTarget
 from tasks.checks import act_as
 from tasks.common.logs import run_logger
 from tasks.image.builds import build_image, find_built, source_digest
 from tasks.image.images import content_tag
+from tasks.image.worker_image import worker_image_build
 from tasks.infra import build_identity, ensure
 
 PoolType = Literal["process", "cloud-run-v2"]
 PoolAction = Literal["created", "unchanged", "updated"]
-WORKER_IMAGE_NAME = "hf-cloudrun-pipeline"
 # The identity flow runs on the Cloud Run pool run as (bootstrap creates it when missing); GcpTarget
 # names only the serving and build accounts.
 RUNNER_ACCOUNT_ID = "pipeline-runner"
@@ -218,24 +217,6 @@ def ensure_work_pool(name: str, pool_type: PoolType, base_job_template: dict[str
 
 
 # Worker image ---------------------------------------------------------------------------------------------------
-def worker_image_build(project_dir: Path) -> ImageBuild:
-    """The ImageBuild of this project's ./Dockerfile (prefect base image + ``pip install .``).
-
-    Nothing is compiled, so there is no OOM ladder: one attempt. The default pool's e2-standard-2 (2 vCPU, 8 GB)
-    is the machine the free build-minutes apply to (https://cloud.google.com/build/pricing); 100 GB is the disk
-    that comes free; pip installing a few wheels takes minutes, so 30 minutes is ample.
-    """
-    return ImageBuild(
-        source_dir=str(project_dir),
-        image_name=WORKER_IMAGE_NAME,
-        max_jobs_ladder=[1],
-        max_jobs_floor=1,
-        machine_type="E2_STANDARD_2",
-        disk_size_gb=100,
-        timeout_seconds=1800,
-    )
-
-
 def build_worker_image(target: GcpTarget, project_dir: Path) -> str:
     """The worker image's reference (by digest) in the target's Artifact Registry, built from ``project_dir`` with
     Cloud Build unless an image with the same content tag is already there (then nothing else is called).

@@ -96,6 +96,8 @@ def test_scale_sets_min_instances_and_is_a_no_op_when_already_there(flow_env, se
     assert scaled.latest_ready_revision == revision  # no new revision, traffic untouched
     assert not scale_service(service=service, min_instances=1).changed
     assert scale_service(service=service, min_instances=0).changed
+    kept = [b.name for b in clients.storage(flow_env).list_blobs(flow_env.bucket_name, prefix=f"reports/{service}/")]
+    assert len([name for name in kept if "-scale-" in name and name.endswith(".md")]) == 3  # each run's, in the bucket
     asserting_events_worker.drain()
     scaled_events = [e for e in asserting_events_worker._client.events if e.event == "service.scaled"]
     assert [e.payload["min_instances"] for e in scaled_events] == [1, 0]
@@ -335,14 +337,19 @@ def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, ser
     traffic = [(s.revision, s.percent) for s in run_service(gcp, service).traffic_statuses if s.percent]
     assert traffic == [(first.serving_revision, 100)]
 
-    everything = dict.fromkeys(("network", "service_account", "secret", "staged_weights", "build_bucket"), True)
+    kept = [b.name for b in clients.storage(gcp).list_blobs(gcp.bucket_name, prefix=f"reports/{service}/")]
+    assert [name for name in kept if "-rollback-" in name and name.endswith(".md")]  # the rollback's own report
+
+    everything = dict.fromkeys(("network", "service_account", "secret", "staged_weights", "build_bucket", "reports"),
+                               True)  # fmt: skip
     ip_hold(0)  # as if Cloud Run had released the subnet's IPs (test_teardown_network_hold.py covers the hold)
     results = teardown(service=service, target=target, **everything)
     # The second service account and the last bucket are the build identity and the build bucket: absent, as a
     # prebuilt image needed no build (neither is created then).
     assert [(r.kind, r.action) for r in results] == [
         ("service", "deleted"), ("subnet", "deleted"), ("network", "deleted"), ("service-account", "deleted"),
-        ("service-account", "absent"), ("secret", "deleted"), ("bucket", "deleted"), ("bucket", "absent"),
+        ("service-account", "absent"), ("secret", "deleted"), ("reports", "deleted"), ("bucket", "deleted"),
+        ("bucket", "absent"),
     ]  # fmt: skip
     assert results[-1].name == f"gs://{gcp.build_bucket_name}"
     staged = results[-2].changes
@@ -364,5 +371,6 @@ def test_rollback_to_a_named_revision_and_a_teardown_of_everything(flow_env, ser
     again = teardown(service=service, target=target, **everything)  # idempotent: all already gone
     assert [(r.kind, r.action) for r in again] == [
         ("service", "absent"), ("subnet", "absent"), ("network", "absent"), ("service-account", "absent"),
-        ("service-account", "absent"), ("secret", "absent"), ("bucket", "absent"), ("bucket", "absent"),
+        ("service-account", "absent"), ("secret", "absent"), ("reports", "absent"), ("bucket", "absent"),
+        ("bucket", "absent"),
     ]  # fmt: skip

@@ -1,15 +1,19 @@
-"""Fixtures of the tests that call the sandbox's Cloud Run directly (raw Admin API calls, no flow): the tiny model in
-the bucket their services mount, and a service id whose service is deleted after the test."""
+"""Fixtures of the integration tests: for raw Cloud Run calls (no flow), the tiny model in the bucket their services
+mount and a service id whose service is deleted after the test; for bootstrap's, the sandbox's endpoints file and the
+work pool bootstrap creates."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 from collections.abc import Iterator
 
 import pytest
 from google.api_core import exceptions
 from google.cloud import run_v2
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
 
 from tasks.common import clients
 from tests.support.models import tiny_model_files, upload_model
@@ -36,3 +40,22 @@ def service_id(sb, services, sandbox_target) -> Iterator[str]:
         services.delete_service(name=f"{sandbox_target.location_path}/services/{name}").result(
             polling=clients.operation_polling(sandbox_target)
         )
+
+
+@pytest.fixture
+def endpoints(sandbox, tmp_path) -> str:
+    """The sandbox's API endpoints as a file, for bootstrap's --endpoints."""
+    path = tmp_path / "endpoints.json"
+    path.write_text(json.dumps(sandbox.info["target"]["endpoints"]))
+    return str(path)
+
+
+@pytest.fixture
+def cloud_run_pool(prefect_api) -> Iterator[str]:
+    """The pool bootstrap creates (prefect.yaml's definitions.work_pools.pipeline), absent before the test and deleted
+    after."""
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+        client.delete_work_pool("hf-pipeline")
+    yield "hf-pipeline"
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+        client.delete_work_pool("hf-pipeline")

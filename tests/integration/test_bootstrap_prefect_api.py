@@ -13,7 +13,6 @@ The Prefect API these tests bootstrap against is the harness relayed to this hos
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -28,12 +27,13 @@ from prefect.exceptions import ObjectNotFound
 from prefect.settings import PREFECT_API_KEY, PREFECT_API_URL, temporary_settings
 
 from blocks.target import GcpTarget
-from flows.bootstrap import ensure_pool, main
+from flows.bootstrap import ensure_pool
 from flows.doctor import doctor
 from tasks.checks.doctor import DoctorFailed, check_prefect_api
 from tasks.common import clients
 from tasks.infra.access import SECRET_ACCESSOR
 from tasks.report.work_pool import cloud_run_base_job_template, ensure_work_pool
+from tests.support.bootstrap import bootstrap, unique
 from tests.support.cloud_run_job import prepare_job, problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,34 +41,6 @@ PREFECT_YAML = yaml.safe_load((ROOT / "prefect.yaml").read_text())
 # An image the sandbox's Cloud Run knows (a public one), so the rendered job can really be created.
 IMAGE = "us-docker.pkg.dev/vertex-ai/vertex-vision-model-garden-dockers/pytorch-vllm-serve:20250312_0916_RC01"
 POOL = "hf-pipeline"  # prefect.yaml's definitions.work_pools.pipeline
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def endpoints(sandbox, tmp_path) -> str:
-    path = tmp_path / "endpoints.json"
-    path.write_text(json.dumps(sandbox.info["target"]["endpoints"]))
-    return str(path)
-
-
-@pytest.fixture
-def cloud_run_pool(prefect_api):
-    """The pool bootstrap creates (prefect.yaml names it), absent before the test and deleted after."""
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
-        client.delete_work_pool(POOL)
-    yield POOL
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
-        client.delete_work_pool(POOL)
-
-
-def bootstrap(sandbox, capsys, *args: str) -> tuple[int, str, str]:
-    target = sandbox.info["target"]
-    code = main(["gcp", "--project", target["project"], "--region", target["region"], *args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def pool_template(name: str) -> dict:
@@ -126,8 +98,9 @@ def test_a_private_api_gets_direct_vpc_egress_on_the_targets_network(
 ):
     n = uuid.uuid4().hex[:6]
     target = sandbox_target.model_copy(update={"network": f"prefect-net-{n}", "subnet": f"prefect-subnet-{n}"})
-    args = argparse.Namespace(worker_image=IMAGE, build_worker_image=False, worker_service_account=None,
-                              staging_mb_s=100.0, credentials_block="pipeline", key_file=None)  # fmt: skip
+    args = argparse.Namespace(name="production", worker_image=IMAGE, build_worker_image=False,
+                              worker_service_account=None, staging_mb_s=100.0, credentials_block="pipeline",
+                              key_file=None)  # fmt: skip
     # What bootstrap gcp does once require_reachable_api found PREFECT_API_URL at a private address (10.x, ...).
     assert ensure_pool(cloud_run_pool, "cloud-run-v2", target, args, "private") == "created"
     out = capsys.readouterr().out

@@ -28,8 +28,8 @@ from tasks.common import clients
 from tasks.image.build_context import context_files
 from tasks.image.builds import source_digest
 from tasks.image.images import build_plan, content_tag
+from tasks.image.worker_image import WORKER_IMAGE_NAME
 from tasks.report.work_pool import (
-    WORKER_IMAGE_NAME,
     WorkPoolError,
     build_worker_image,
     cloud_run_base_job_template,

@@ -19,9 +19,12 @@ PREFECT = str(Path(sys.executable).parent / "prefect")
 
 
 @contextmanager
-def prefect_server(home: Path, host: str = "127.0.0.1", **extra_env: str) -> Iterator[dict[str, str]]:
+def prefect_server(
+    home: Path, host: str = "127.0.0.1", server_env: dict[str, str] | None = None, **extra_env: str
+) -> Iterator[dict[str, str]]:
     """A server with its own database under ``home``, listening on ``host``; yields the environment a CLI command or
-    worker needs."""
+    worker needs. ``server_env`` goes to the server alone (its own settings, such as its auth string: a worker copies
+    every Prefect setting of its environment into the jobs it creates)."""
     port = free_port()
     env = {
         **os.environ,
@@ -32,7 +35,8 @@ def prefect_server(home: Path, host: str = "127.0.0.1", **extra_env: str) -> Ite
     }
     log = (home / "server.log").open("wb")
     process = subprocess.Popen([PREFECT, "server", "start", "--host", host, "--port", str(port)],
-                               env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+                               env={**env, **(server_env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                               cwd=ROOT)  # fmt: skip
     try:
         deadline = time.monotonic() + 300  # about 12 s idle; far longer when the cores are shared
         while time.monotonic() < deadline:

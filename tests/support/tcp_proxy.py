@@ -56,11 +56,16 @@ class CuttableProxy:
                     continue
                 self._open |= {client, upstream}
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(source, sink, source is client), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+    def _sent(self, connection: socket.socket, chunk: bytes) -> None:
+        """What a client sent on ``connection``, on its way to the server (a subclass may look at it)."""
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, from_client: bool = False) -> None:
         try:
             while chunk := source.recv(65536):
+                if from_client:
+                    self._sent(source, chunk)
                 sink.sendall(chunk)
         except OSError:
             pass

@@ -31,6 +31,9 @@ def test_the_projects_own_context_leaves_out_what_never_reaches_the_image():
     tops = {name.split("/")[0] for name in found}
     assert {"Dockerfile", "pyproject.toml", "prefect.yaml", "flows", "tasks", "blocks", "deployments"} <= tops
     assert not tops & {".venv", ".git", ".sandbox", ".prefect", ".pytest_cache", ".ruff_cache", "tests"}
+    # Nor what a lint run or a doc edit changes: the worker image's content tag would change, and `bootstrap deploy`
+    # would call the pool's image stale for a tree whose runs read the same files.
+    assert not tops & {".import_linter_cache", "docs", ".ci", "build"}
     assert not [name for name in found if "__pycache__" in name or ".egg-info" in name]
 
 

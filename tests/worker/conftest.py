@@ -61,9 +61,11 @@ def prefect(tmp_path_factory: pytest.TempPathFactory, trust: dict[str, str]) -> 
     # A self-hosted server with basic auth, as a team's on a VPC is: bootstrap keeps the auth string in Secret Manager
     # and the pool's jobs get a reference to it (tasks/report/prefect_api.py), never the value.
     auth = f"e2e:{secrets.token_urlsafe(18)}"
-    credential = {"PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_API_AUTH_STRING": auth}
+    server = {"PREFECT_SERVER_API_AUTH_STRING": auth}
     # Runs are picked up every 2 s rather than 10: the worker's own 5 s polls of Cloud Run are untouched.
-    with prefect_server(home, host, PREFECT_WORKER_QUERY_SECONDS="2", **credential, **trust) as env:
+    with prefect_server(
+        home, host, server, PREFECT_API_AUTH_STRING=auth, PREFECT_WORKER_QUERY_SECONDS="2", **trust
+    ) as env:
         yield env
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from uuid import UUID
@@ -26,7 +27,8 @@ from prefect.client.schemas.sorting import ArtifactSort
 from sandbox.handle import SandboxHandle
 from tests.support.identity import bearer
 from tests.support.prefect_server import run_command
-from tests.support.worker import Pipeline, dump, wait_until
+from tests.support.project_copy import add_model_file, copy_of_project
+from tests.support.worker import TARGET_BLOCK, Pipeline, dump, wait_until
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 RUN_TIMEOUT_S = 1200  # a promotion in a job: image pull, flow start-up, staging, deploy, probe, watch; a busy host
@@ -376,3 +378,24 @@ def test_a_run_cancelled_while_its_job_is_pending_never_starts_the_promotion(
     assert httpx.get(f"{sandbox.control_url}{service}", timeout=30).status_code == 404
     path = f"/v2/projects/sandbox-project/locations/us-central1/jobs/{job}"
     wait_until(lambda: httpx.get(f"{sandbox.control_url}{path}", timeout=30).status_code == 404, 120, "the job gone")
+
+
+@pytest.mark.slow
+def test_a_new_model_file_the_pools_image_does_not_hold_is_refused_naming_the_image(
+    sandbox: SandboxHandle, prefect: dict[str, str], pipeline: Pipeline, tmp_path: Path
+):
+    """The pool's image was built from the project as bootstrap found it; a team then adds a model file. Every run
+    reads its spec file inside that image, so `bootstrap deploy` refuses to register it, naming the image and the
+    rebuild, before anything changes."""
+    project = copy_of_project(tmp_path / "project")
+    model = add_model_file(project)
+    since = sandbox.last_request_seq()
+    done = subprocess.run([sys.executable, "-m", "flows.bootstrap", "deploy", "--name", TARGET_BLOCK], cwd=project,
+                          env=prefect, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert f"work pool '{pipeline.pool}' runs the worker image " in error, error
+    assert f"--build-worker-image --name {TARGET_BLOCK}" in error
+    assert not [r for r in sandbox.requests(since=since) if r["method"] not in ("GET", "HEAD")]
+    with SyncPrefectClient(api=prefect["PREFECT_API_URL"], auth_string=prefect["PREFECT_API_AUTH_STRING"]) as client:
+        assert not [d for d in client.read_deployments() if d.name == model]
