@@ -76,7 +76,7 @@ worker-e2e: $(BIN)/.installed
 	@reason="$$($(BIN)/python -c 'from sandbox.netns import namespaces_available; print(namespaces_available() or "")')"; \
 	if [ -n "$$reason" ]; then echo "worker-e2e SKIPPED: no private network namespace here: $$reason"; \
 		if [ "$$CI" = "true" ]; then echo "worker-e2e: a skipped tier fails under CI"; exit 1; fi; exit 0; fi; \
-	$(BIN)/python -m sandbox.wheelhouse --out .sandbox/wheels
+	$(BIN)/python -m sandbox.wheelhouse --out .sandbox/wheels && \
 	SANDBOX_WHEELHOUSE=$(CURDIR)/.sandbox/wheels TIER_SKIPS_FAIL=1 \
 		$(BIN)/python -m sandbox.netns --address 10.99.0.1/24 -- $(BIN)/python -m pytest -q tests/worker
 
