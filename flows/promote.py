@@ -65,6 +65,7 @@ from tasks.weights.selection import check_index, index_to_check, select_files
 from tasks.weights.staging import StagingOptions, StagingResult, commit_prefix, hf_stage_model
 
 SAFETENSORS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+BUCKET_READY = "infrastructure"  # the step that ensures the bucket (the first to write: earlier ones only read)
 
 
 @task(name="hf_resolve_model")
@@ -517,6 +518,8 @@ def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> Non
             "revision": report.serving_revision, "traffic": report.traffic,
             "steps": [step.model_dump() for step in report.delivery],
         })  # fmt: skip
-    if report.outcome != "dry-run":  # a dry run changed nothing; its plan is its artifact
-        gcs_archive_report(target, report)  # history beyond the Prefect plan's retention (docs/production.md)
+    # History beyond the Prefect plan's retention, in the bucket the infrastructure step made sure of: a run that did
+    # not get that far (refused before any cloud write, a dry run, a bucket in the wrong region) writes nothing there.
+    if any(step.name == BUCKET_READY and step.ok for step in report.steps):
+        gcs_archive_report(target, report)
     run_logger().info("%s", report.outcome_line())  # the run's last words: what it did, and where traffic stands

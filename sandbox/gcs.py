@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from sandbox.serving import LOOPBACK, die_with_parent, free_port
+from sandbox.serving import die_with_parent, free_port, sandbox_host
 
 
 def fake_gcs_binary() -> Path:
@@ -48,10 +48,11 @@ class FakeGcs:
 
 
 def start_fake_gcs(state_dir: Path, memory_limit: str = "8GiB", timeout_s: float = 60.0) -> FakeGcs:
-    """Start the emulator on a free loopback port and wait until it answers."""
+    """Start the emulator on a free port of the sandbox's address (``sandbox_host``) and wait until it answers."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://{LOOPBACK}:{port}"
+    host = sandbox_host()  # job tasks reach it from namespaces of their own: not on loopback then
+    port = free_port(host)
+    url = f"http://{host}:{port}"
     log_path = state_dir / "fake-gcs-server.log"
     log = log_path.open("ab")
     process = subprocess.Popen(
@@ -62,7 +63,7 @@ def start_fake_gcs(state_dir: Path, memory_limit: str = "8GiB", timeout_s: float
             "-backend",
             "memory",
             "-host",
-            LOOPBACK,
+            host,
             "-port",
             str(port),
             "-external-url",

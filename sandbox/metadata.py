@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from sandbox.config import SandboxConfig
 from sandbox.identity import TokenIssuer, unique_id
-from sandbox.serving import LOOPBACK, free_port
+from sandbox.serving import free_port, sandbox_host
 
 FLAVOR = {"Metadata-Flavor": "Google"}
 ACCOUNT = "/computeMetadata/v1/instance/service-accounts/{account}"
@@ -42,13 +42,15 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def point_google_auth_at(port: int | None = None) -> int:
-    """Make google-auth in this process (and its children) use a metadata server on 127.0.0.1:``port``.
+    """Make google-auth in this process (and its children) use a metadata server on the sandbox's address (127.0.0.1
+    unless ``sandbox.serving.sandbox_host`` says otherwise), port ``port``.
 
     Pass the port the sandbox will serve it on (``python -m sandbox up --metadata-port``); without one, a free
     port is picked. Raises if google-auth already read another host: the setting would be ignored silently.
     """
-    port = port or free_port()
-    address = f"{LOOPBACK}:{port}"
+    host = sandbox_host()
+    port = port or free_port(host)
+    address = f"{host}:{port}"
     loaded = sys.modules.get("google.auth.compute_engine._metadata")
     if loaded is not None and address != loaded._GCE_METADATA_HOST:
         raise RuntimeError(

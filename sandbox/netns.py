@@ -11,6 +11,10 @@ bind-mounts a hosts file that maps ``sandbox.tls.TLS_NAMES`` (and any ``--hosts-
 example a script that runs ``python -m sandbox up --tls-names`` and then the client), since the namespace has
 no other network: nothing in it reaches the machine's loopback services or the internet.
 
+With ``--address CIDR`` the namespace also has that private address, and the names map to it instead: a sandbox
+started inside serves on it (``sandbox.serving.sandbox_host``) and runs each Cloud Run job task in a network
+namespace of its own that reaches it, but not this namespace's 127.0.0.1 (sandbox/control/run/task_network.py).
+
 What it never does: change the machine's own /etc/hosts or CA store. The bind mount exists only in the private
 mount namespace (propagation private), its source file is deleted as soon as it is mounted, and both end with the
 namespace when CMD exits. Clients trust the sandbox's CA only when told (``HTTPLIB2_CA_CERTS`` and the like).
@@ -172,13 +176,13 @@ def _bind_mount(source: str, target: str) -> None:
         raise OSError(errno, f"mount --bind {source} {target}: {os.strerror(errno)}")
 
 
-def _install_hosts(names: Sequence[str]) -> None:
-    """Put a hosts file mapping ``names`` to 127.0.0.1 over /etc/hosts, for this mount namespace only."""
+def _install_hosts(names: Sequence[str], address: str = "127.0.0.1") -> None:
+    """Put a hosts file mapping ``names`` to ``address`` over /etc/hosts, for this mount namespace only."""
     directory = tempfile.mkdtemp(prefix="sandbox-netns-")
     source = os.path.join(directory, "hosts")
     try:
         with open(source, "w") as handle:
-            handle.write(hosts_file_text(names))
+            handle.write(hosts_file_text(names, address))
         os.chmod(source, 0o644)  # CMD may drop privileges; the resolver must still read it
         _bind_mount(source, HOSTS)
     finally:
@@ -204,9 +208,11 @@ def _inside(names: Sequence[str], command: Sequence[str], address: str | None = 
     """Set up the namespace this process already runs in, then become ``command``."""
     try:
         _loopback_up()
-        _install_hosts(names)
-        if address:
-            os.environ[ADDRESS_ENV] = _address_up(address)
+        # With a private address the sandbox serves on it (sandbox.serving.sandbox_host): the names go there too.
+        host = _address_up(address) if address else None
+        _install_hosts(names, host or "127.0.0.1")
+        if host:
+            os.environ[ADDRESS_ENV] = host
     except (OSError, subprocess.CalledProcessError) as exc:
         print(f"sandbox.netns: setting up the private namespace failed: {exc}", file=sys.stderr)
         return EXIT_RUNNER_FAILED
@@ -235,7 +241,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--address", metavar="CIDR", help=f"give the namespace this non-loopback address too (e.g. 10.99.0.1/24); CMD "
-        f"finds it in {ADDRESS_ENV}",
+        f"finds it in {ADDRESS_ENV}; the host names map to it, a sandbox started inside serves on it and runs each "
+        "Cloud Run job task in a network namespace of its own",
     )  # fmt: skip
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # second stage, under unshare
     return parser

@@ -32,7 +32,7 @@ from sandbox.hub.state import HubState, seed_default_repos
 from sandbox.identity import TokenIssuer
 from sandbox.metadata import RequireFlavor, build_metadata_app
 from sandbox.oauth2 import token_routes
-from sandbox.serving import ServedApp, serve_app
+from sandbox.serving import ServedApp, sandbox_host, serve_app
 
 INFO_FILE = "sandbox.json"
 
@@ -108,7 +108,7 @@ class SandboxRuntime:
         # (prefect-gcp's Cloud Run worker): the very app objects served above, again on one HTTPS port, chosen by
         # Host; a new throwaway CA per start.
         if self.tls_port is not None:
-            self.tls_material = tls.make_tls_material(self.state_dir / "tls", tls.TLS_NAMES)
+            self.tls_material = tls.make_tls_material(self.state_dir / "tls", tls.TLS_NAMES, sandbox_host())
             router = tls.HostRouter(self.servers["control"].app, {tls.STORAGE_NAME: self.servers["gcs"].app})
             self.servers["tls"] = await serve_app(
                 router,
@@ -189,7 +189,7 @@ class SandboxRuntime:
                 "url": self.servers["tls"].url,
                 "ca_file": str(self.tls_material.ca_file),
                 "names": list(tls.TLS_NAMES),
-                "hosts": tls.hosts_file_text(tls.TLS_NAMES),
+                "hosts": tls.hosts_file_text(tls.TLS_NAMES, sandbox_host()),
             }
         return info
 

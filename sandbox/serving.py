@@ -1,7 +1,11 @@
-"""Serve ASGI apps on loopback ports from inside one asyncio loop.
+"""Serve ASGI apps on ports of the sandbox's address from inside one asyncio loop.
 
 Every sandbox URL (Hub, CDN, control plane, each Cloud Run service and tag URL) is its own port, so a client
 sees a real origin. Sockets are bound before the server starts, so the URL is known at once.
+
+The sandbox's address (``sandbox_host``) is 127.0.0.1, except inside ``python -m sandbox.netns --address CIDR``: there
+it is that private address, so that Cloud Run job tasks, which run in network namespaces of their own
+(sandbox/control/run/task_netns.py), reach the sandbox as a real job reaches Google's APIs, and never the loopback.
 """
 
 from __future__ import annotations
@@ -20,16 +24,31 @@ from typing import Any
 
 import uvicorn
 
-LOOPBACK = "127.0.0.1"
+LOOPBACK = "127.0.0.1"  # this namespace's own loopback: where the sandbox's service instances listen, behind it
+
+
+def sandbox_host() -> str:
+    """The address every sandbox server binds and puts in its URLs: the private address ``python -m sandbox.netns
+    --address`` gave its namespace (env ``SANDBOX_NETNS_ADDRESS``, with ``SANDBOX_NETNS=1``), else 127.0.0.1."""
+    from sandbox.netns import ADDRESS_ENV, in_private_namespace  # light: no import cycle, read per call
+
+    address = os.environ.get(ADDRESS_ENV, "") if in_private_namespace() else ""
+    return address or LOOPBACK
+
+
+def private_address() -> str | None:
+    """The namespace's private address when the sandbox serves on it (job tasks then get namespaces of their own)."""
+    host = sandbox_host()
+    return None if host == LOOPBACK else host
 
 
 def bind_loopback(port: int = 0) -> socket.socket:
-    """A listening TCP socket on 127.0.0.1 (a free port when ``port`` is 0)."""
+    """A listening TCP socket on the sandbox's address, ``sandbox_host()`` (a free port when ``port`` is 0)."""
     # proto must be IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only then; with proto 0 every
     # response waits ~40 ms on Nagle plus delayed ACK.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((LOOPBACK, port))
+    sock.bind((sandbox_host(), port))
     sock.listen(512)
     sock.setblocking(False)
     return sock
@@ -94,10 +113,10 @@ async def stop_process_group(process: asyncio.subprocess.Process, grace_s: float
     await process.wait()
 
 
-def free_port() -> int:
-    """A port that was free a moment ago (for child processes that bind it themselves)."""
+def free_port(host: str = LOOPBACK) -> int:
+    """A port of ``host`` that was free a moment ago (for child processes that bind it themselves)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
@@ -136,7 +155,7 @@ async def serve_app(
     ssl_certfile: str | None = None,
     ssl_keyfile: str | None = None,
 ) -> ServedApp:
-    """Start serving ``app`` on 127.0.0.1 and return once it accepts connections.
+    """Start serving ``app`` on the sandbox's address (``sandbox_host()``) and return once it accepts connections.
 
     With ``ssl_certfile`` and ``ssl_keyfile`` (PEM) it speaks HTTPS and its URL is ``https://``.
     """

@@ -4,7 +4,8 @@ Why: some clients cannot be pointed at another endpoint. prefect-gcp's Cloud Run
 ``https://run.googleapis.com`` and talks to it with httplib2, which trusts only the CA bundle named by
 ``HTTPLIB2_CA_CERTS``. For such clients the sandbox (``python -m sandbox up --tls-names``) makes a throwaway CA
 and a leaf certificate for the Google API host names, and serves its apps on a TLS port (443 by default), routed
-by Host header. The names must resolve to 127.0.0.1 for the client: ``python -m sandbox.netns`` runs a command in
+by Host header. The names must resolve to the sandbox's address (127.0.0.1, or the private address of
+``sandbox.serving.sandbox_host``) for the client: ``python -m sandbox.netns`` runs a command in
 a private network namespace whose own /etc/hosts says so (see ``hosts_file_text``).
 
 What this never does: touch the machine's own /etc/hosts or CA store. The CA lives in the sandbox's state
@@ -68,8 +69,9 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
-def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsMaterial:
-    """Make a new CA and a server certificate it signs for ``names`` and 127.0.0.1; write them to ``directory``.
+def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES, address: str = "127.0.0.1") -> TlsMaterial:
+    """Make a new CA and a server certificate it signs for ``names``, 127.0.0.1 and ``address`` (where the face
+    listens); write them to ``directory``.
 
     Files: ``ca.pem`` (the certificate clients trust), ``ca-key.pem``, ``server.pem`` and ``server-key.pem``
     (keys 0600). Every call makes a new CA, so a CA from an earlier sandbox never vouches for this one.
@@ -90,10 +92,10 @@ def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsM
         organization_name="hf-cloudrun-pipeline sandbox",
         organization_unit_name=f"sandbox throwaway CA {now:%Y-%m-%dT%H:%M:%SZ}",
     )
-    # The names as DNS SANs in order, then 127.0.0.1 as an IP SAN (trustme reads an address as one).
+    # The names as DNS SANs in order, then the addresses as IP SANs (trustme reads an address as one).
     leaf = ca.issue_cert(
         *names,
-        "127.0.0.1",
+        *dict.fromkeys(("127.0.0.1", address)),
         common_name=names[0],
         organization_name="hf-cloudrun-pipeline sandbox",
         not_before=now - BACKDATE,
@@ -110,13 +112,14 @@ def make_tls_material(directory: Path, names: Iterable[str] = TLS_NAMES) -> TlsM
     return material
 
 
-def hosts_file_text(names: Iterable[str] = TLS_NAMES) -> str:
-    """An /etc/hosts for a private namespace: the usual localhost lines, then ``127.0.0.1 name`` per name."""
+def hosts_file_text(names: Iterable[str] = TLS_NAMES, address: str = "127.0.0.1") -> str:
+    """An /etc/hosts for a private namespace: the usual localhost lines, then ``ADDRESS name`` per name (``address``:
+    where the TLS face listens; a private one is what the namespace's job tasks reach too)."""
     lines = [
         "# sandbox.tls: the hosts file of one private namespace (python -m sandbox.netns); never the machine's own.",
         "127.0.0.1 localhost",
         "::1 localhost ip6-localhost ip6-loopback",
-        *(f"127.0.0.1 {name}" for name in dict.fromkeys(names)),
+        *(f"{address} {name}" for name in dict.fromkeys(names)),
     ]
     return "\n".join(lines) + "\n"
 

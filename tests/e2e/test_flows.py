@@ -236,7 +236,7 @@ def test_the_run_graph_shows_one_task_run_per_infrastructure_resource(sb, flow_e
     ServingProfile.preset("l4", image=None, build=build, hf_token_at_runtime=True).save(profile)
     state = promote(service, profile=profile, return_state=True)
     assert state.result().outcome == "promoted"
-    names = _task_run_names(state.state_details.flow_run_id, "run_ensure_invokers")
+    names = _task_run_names(state.state_details.flow_run_id, "gcs_archive_report")
     infrastructure = _between(names, "hf_resolve_model", "stage sandbox/tiny-chat@main")
     assert infrastructure == [
         "gcs_ensure_bucket",
@@ -264,8 +264,9 @@ def test_the_run_graph_shows_one_task_run_per_infrastructure_resource(sb, flow_e
         if r["method"] in WRITES and not r["path"].endswith(":testIamPermissions")  # a POST that only reads
     ]
     assert writes == []  # every resource found as it is: no create, no policy edit, no secret version, no build
-    assert names[-1] == "run_ensure_invokers"  # after the promotion, the service's invokers: a task run too
-    again_names = _task_run_names(again.state_details.flow_run_id, "run_ensure_invokers")
+    # After the promotion, the service's invokers, then the report archived in the bucket: task runs too.
+    assert names[-2:] == ["run_ensure_invokers", "gcs_archive_report"]
+    again_names = _task_run_names(again.state_details.flow_run_id, "gcs_archive_report")
     assert _between(again_names, "hf_resolve_model", "stage sandbox/tiny-chat@main") == infrastructure
 
 

@@ -43,8 +43,8 @@ def shared_target(flow_env) -> tuple[str, GcpTarget, str]:
 
 def staged(gcp: GcpTarget) -> set[str]:
     """The commit folders in the weights bucket (gs://bucket/model-cache/ORG/NAME/COMMIT)."""
-    names = (b.name for b in clients.storage(gcp).list_blobs(gcp.bucket_name))
-    return {"/".join(name.split("/")[:4]) for name in names}
+    names = (b.name for b in clients.storage(gcp).list_blobs(gcp.bucket_name, prefix="model-cache/"))
+    return {"/".join(name.split("/")[:4]) for name in names}  # the reports/ beside them are no weights
 
 
 def chat(gcp: GcpTarget, service: str) -> httpx.Response:

@@ -105,13 +105,15 @@ def assert_verified_against_hub(sb, target, repo_id: str, commit: str, object_pr
 
 
 def completed_uploads(sb, since: int, bucket: str) -> int:
-    """Uploads that stored an object: one-request (multipart) uploads and the final chunk of resumable ones."""
+    """Uploads that stored an object: one-request (multipart) uploads and the final chunk of resumable ones. The run's
+    report, archived create-only beside the weights (tasks/report/archive.py), is not counted."""
     path = f"/upload/storage/v1/b/{bucket}/o"
     return sum(
         1
         for r in sb.requests("gcs", since=since)
         if r["path"] == path
         and r["status"] == 200
+        and "ifGenerationMatch=0" not in r["query"]
         and (
             (r["method"] == "POST" and "uploadType=multipart" in r["query"])
             or (r["method"] == "PUT" and "upload_id=" in r["query"])

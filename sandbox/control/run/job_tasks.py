@@ -11,17 +11,24 @@ and the like pass through: ``PASSTHROUGH_ENV``).
 Its stdout and stderr go to two files, the two streams Cloud Logging keeps apart (``run.googleapis.com/stdout`` and
 ``stderr``). A task that outlives its timeout is killed, process group and all (Cloud Run docs, "Set task timeout
 for jobs": "the task is stopped"); SIGTERM first with a grace period, as Cloud Run stops containers.
+
+Where the sandbox serves on a private address (``sandbox.serving.private_address``: inside ``python -m sandbox.netns
+--address``) each attempt runs in a network namespace of its own (task_network.py): it reaches the sandbox and the
+Prefect server at that address, and its 127.0.0.1 is its own, as a Cloud Run container's is. Elsewhere it runs in
+the sandbox's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.serving import die_with_parent, stop_process_group
+from sandbox.control.run.task_network import TaskLink, TaskNetworkError
+from sandbox.serving import die_with_parent, private_address, stop_process_group
 
 PASSTHROUGH_ENV = ("LANG", "LC_ALL", "SYSTEMROOT", "TZ")
 STOP_GRACE_S = 10.0  # Cloud Run sends SIGTERM, then SIGKILL 10 seconds later (container runtime contract)
@@ -65,14 +72,40 @@ class TaskAttempt:
         env.update(self.spec.env)
         return env
 
+    def _missing_command(self, env: dict[str, str]) -> bool:
+        """Whether the command is not in the image (checked before a namespace shim would exec it)."""
+        command = self.spec.argv[0]
+        if os.sep in command:
+            path = self.spec.workdir / command
+            return not (path.is_file() and os.access(path, os.X_OK))
+        return shutil.which(command, path=env["PATH"]) is None
+
     async def run(self) -> AttemptResult:
         self.spec.workdir.mkdir(parents=True, exist_ok=True)
         self.spec.stdout.parent.mkdir(parents=True, exist_ok=True)
         env = self._env()
+        # A namespace of the task's own only where the sandbox is on a private address (see the module's doc).
+        link = TaskLink.claim() if private_address() else None
+        try:
+            return await self._run(env, link)
+        finally:
+            if link is not None:
+                await link.release()
+
+    async def _run(self, env: dict[str, str], link: TaskLink | None) -> AttemptResult:
+        argv = self.spec.argv
         with self.spec.stdout.open("ab") as out, self.spec.stderr.open("ab") as err:
             try:
+                if link is not None:
+                    if self._missing_command(env):
+                        raise FileNotFoundError(argv[0])
+                    try:
+                        argv = link.wrap(argv)
+                    except (TaskNetworkError, RuntimeError) as exc:
+                        err.write(f"sandbox: the task's network: {exc}\n".encode())
+                        return AttemptResult(None, error=f"the sandbox could not make the task's network: {exc}")
                 self.process = await asyncio.create_subprocess_exec(
-                    *self.spec.argv,
+                    *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -86,6 +119,13 @@ class TaskAttempt:
                 message = f'exec: "{self.spec.argv[0]}": executable file not found in $PATH'
                 err.write(f"{message}\n".encode())
                 return AttemptResult(None, error=f"{message} ({exc.__class__.__name__})")
+            if link is not None:
+                try:
+                    await link.plumb(self.process)
+                except TaskNetworkError as exc:
+                    err.write(f"sandbox: the task's network: {exc}\n".encode())
+                    await self.stop()
+                    return AttemptResult(None, error=f"the sandbox could not make the task's network: {exc}")
         try:
             code = await asyncio.wait_for(self.process.wait(), timeout=self.spec.timeout_s)
         except TimeoutError:
