@@ -70,11 +70,15 @@ test-engine: $(BIN)/.installed engine
 # Cloud Run jobs of the sandbox, which answers as https://run.googleapis.com inside a private network namespace
 # (python -m sandbox.netns: its own loopback and /etc/hosts, never the machine's). Skipped, saying why, where this host
 # allows no namespaces: under CI=true (.ci/run) that skip fails, as does any test the tier skips (tests/conftest.py).
+# The jobs run in the worker image's own Python environment, made from ./Dockerfile's install steps with wheels fetched
+# first (sandbox/wheelhouse.py: no package index inside the namespace; .sandbox/wheels is reused on the next run).
 worker-e2e: $(BIN)/.installed
 	@reason="$$($(BIN)/python -c 'from sandbox.netns import namespaces_available; print(namespaces_available() or "")')"; \
 	if [ -n "$$reason" ]; then echo "worker-e2e SKIPPED: no private network namespace here: $$reason"; \
 		if [ "$$CI" = "true" ]; then echo "worker-e2e: a skipped tier fails under CI"; exit 1; fi; exit 0; fi; \
-	TIER_SKIPS_FAIL=1 $(BIN)/python -m sandbox.netns --address 10.99.0.1/24 -- $(BIN)/python -m pytest -q tests/worker
+	$(BIN)/python -m sandbox.wheelhouse --out .sandbox/wheels && \
+	SANDBOX_WHEELHOUSE=$(CURDIR)/.sandbox/wheels TIER_SKIPS_FAIL=1 \
+		$(BIN)/python -m sandbox.netns --address 10.99.0.1/24 -- $(BIN)/python -m pytest -q tests/worker
 
 sandbox: $(BIN)/.installed
 	$(BIN)/python -m sandbox up --state-dir .sandbox/dev

@@ -455,6 +455,7 @@ class CloudBuild:
             # Build service account changes", 2024): what it may read and push is that identity's, not the caller's.
             allowed=lambda permission, resource: has_permission(self.ctx, principal, permission, resource),
             image_configs=self.image_configs,
+            image_home=str(self.ctx.state_dir / "cloudbuild" / "images"),
         )
         try:
             await runner.run()

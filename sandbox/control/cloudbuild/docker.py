@@ -28,6 +28,7 @@ import json
 import posixpath
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sandbox.control.cloudbuild.dockerfile import (
     Dockerfile,
@@ -44,6 +45,15 @@ from sandbox.control.cloudbuild.image_config import (
     ImageConfig,
     command_words,
     copy_destinations,
+)
+from sandbox.control.cloudbuild.image_env import (
+    EnvRecipe,
+    EnvStep,
+    ImageEnvironmentError,
+    chain_of,
+    env_step,
+    is_prefect_base,
+    python_base,
 )
 from sandbox.control.cloudbuild.workspace import DockerIgnore, Workspace, normalize
 
@@ -274,6 +284,7 @@ class BuildRequest:
     machine: Machine
     memory_per_job_gb: float
     build_seconds: float
+    image_home: str = ""  # where built images' Python environments live (image_env.py); "" keeps none
 
 
 @dataclass
@@ -368,6 +379,10 @@ class _StageWalk:
         self.total = sum(1 + len(s.instructions) for s in self.stages)
         self.mentions_max_jobs = bool(MENTIONS_MAX_JOBS.search("\n".join(dockerfile.lines)))
         self.declared = {name for inst in dockerfile.meta_args for name, _ in arg_declarations(inst)}
+        # The stages the image is made of, its external base, and that base's Python (image_env.py).
+        self.chain, self.base = chain_of(dockerfile, target, self.meta)
+        self.python = python_base(self.base)
+        self.env_steps: list[EnvStep] = []
         for stage in self.stages:
             for inst in stage.instructions:
                 if inst.keyword == "ARG":
@@ -553,6 +568,14 @@ class _StageWalk:
                 if missing is not None:
                     self.lines += self.out.copy_missing(stage, position, inst, step, self.total, missing)
                     return self._failed(step, 1)
+                if stage.index in self.chain and inst.keyword in ("COPY", "ADD", "RUN") and self.python:
+                    try:
+                        self.env_steps.append(env_step(inst, variables, workdir, env))
+                    except ImageEnvironmentError as exc:
+                        if is_prefect_base(self.base):  # a Prefect image's environment is what its jobs run
+                            self.lines += self.out.run_failed(stage, position, inst, step, self.total, [exc.message], 1)
+                            return self._failed(step, 1)
+                        self.python = None  # a python: image the sandbox's build checks use: no environment
                 if inst.keyword != "RUN":
                     self.lines += self.out.instruction(stage, position, inst, step, self.total)
                     continue
@@ -585,7 +608,9 @@ class _StageWalk:
         images = {normalize_reference(tag): digest for tag in self.request.command.tags}
         self.lines += self.out.success(digest, list(self.request.command.tags), unused)
         config = self._config(env_by_stage.get(self.target.index, {}), *run_by_stage[self.target.index])
-        config = dataclasses.replace(config, workdir=workdir_by_stage.get(self.target.index, "/"))
+        config = dataclasses.replace(
+            config, workdir=workdir_by_stage.get(self.target.index, "/"), environment=self._recipe(digest)
+        )
         return StepOutcome("SUCCESS", 0, self.lines, self.sim.seconds, images, jobs=jobs_used, config=config)
 
     def _config(
@@ -613,6 +638,20 @@ class _StageWalk:
             env={k: v for k, v in env.items() if v is not None},
             files=files,
         )
+
+    def _recipe(self, digest: str) -> EnvRecipe | None:
+        """How to make the image's Python environment (image_env.py); the source archive is kept for it."""
+        if not self.python or not self.request.image_home:
+            return None
+        key = digest.removeprefix("sha256:")
+        archive = Path(self.request.image_home) / f"{key[:32]}.source"
+        if not archive.is_file():
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            archive.write_bytes(self.sim.ws.archive)
+        ignore = (self.sim.ws.read(posixpath.join(self.context, ".dockerignore")) or b"").decode("utf-8", "replace")
+        version, requirements = self.python
+        return EnvRecipe(key, self.base, version, requirements, tuple(self.env_steps), str(archive), self.context,
+                         ignore, self.request.image_home)  # fmt: skip
 
     def _classic_refuses(self, inst: Instruction) -> str | None:
         if self.request.buildkit or inst.keyword not in BUILDKIT_ONLY_FLAGS or not inst.flags:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from sandbox.control.cloudbuild.dockerfile import Instruction, _words, expand
 
 if TYPE_CHECKING:
+    from sandbox.control.cloudbuild.image_env import EnvRecipe
     from sandbox.control.run.images import ImageBehaviour
 
 SCRIPT_LIMIT_BYTES = 64 * 1024  # an entrypoint script, not a payload: it travels in the container's env
@@ -37,6 +38,7 @@ class ImageConfig:
     env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # container path -> text, for a script entrypoint
     workdir: str = "/"  # the final stage's WORKDIR, where the container's process starts (docker's default "/")
+    environment: EnvRecipe | None = None  # how to make its Python environment, FROM a Python base (image_env.py)
 
 
 def command_words(inst: Instruction) -> tuple[str, ...]:

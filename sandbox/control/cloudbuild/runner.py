@@ -65,10 +65,12 @@ class BuildRunner:
         on_change: Callable[[], None],
         allowed: Callable[[str, str], bool] = lambda _permission, _resource: True,
         image_configs: dict[str, ImageConfig] | None = None,
+        image_home: str = "",
     ) -> None:
         self.record = record
         # What each built digest runs (ENTRYPOINT, CMD, ENV), kept by the module for Cloud Run to start it.
         self.image_configs = image_configs if image_configs is not None else {}
+        self.image_home = image_home  # where the Python environments of the images built here live (image_env.py)
         # Whether the build's identity holds a permission on a resource (sandbox.authz, asked by the API module).
         self.allowed = allowed
         self.build = record.build
@@ -282,6 +284,7 @@ class BuildRunner:
                 machine=machine,
                 memory_per_job_gb=self.settings.memory_per_job_gb,
                 build_seconds=self.settings.build_seconds,
+                image_home=self.image_home,
             )
             outcome = simulate_build(request)
         elif command.subcommand == "push":

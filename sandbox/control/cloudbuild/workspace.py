@@ -36,11 +36,12 @@ class Workspace:
     sizes: dict[str, int] = field(default_factory=dict)
     texts: dict[str, bytes] = field(default_factory=dict)
     dirs: set[str] = field(default_factory=lambda: {""})
+    archive: bytes = b""  # the source archive as fetched: an image's Python environment copies from it (image_env.py)
 
     @classmethod
     def from_archive(cls, data: bytes) -> Workspace:
         """Read a tar (gzip, bzip2, xz or none); raises ValueError when it is not one."""
-        space = cls()
+        space = cls(archive=data)
         try:
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as archive:
                 for member in archive:

@@ -1,10 +1,12 @@
 """One attempt of a Cloud Run job's task: the container's command run as a local process, under the task timeout.
 
 A job's container is not the vLLM stand-in: it runs what the job says (prefect-gcp's worker asks for `prefect
-flow-run execute`), for real. The image's files are this host's Python environment (the sandbox cannot unpack an
-image), so its interpreter's folder leads PATH; the process starts in a folder standing for the image's WORKDIR,
-with the env the image, the job and the platform give it (jobs.py builds it) and nothing of the sandbox's own
-(only locale and the like pass through: ``PASSTHROUGH_ENV``).
+flow-run execute`), for real. An image the sandbox's Cloud Build built FROM a Python base runs in its own Python
+environment (sandbox/control/cloudbuild/image_env.py: a venv made from the Dockerfile's install steps), whose ``bin``
+leads PATH, in its copy of the image's WORKDIR. Other images (the vLLM stand-ins, prebuilt images the sandbox cannot
+unpack) run on this host's interpreter, in a folder of the task's own standing for the WORKDIR. Either way the env is
+the one the image, the job and the platform give it (jobs.py builds it) and nothing of the sandbox's own (only locale
+and the like pass through: ``PASSTHROUGH_ENV``).
 
 Its stdout and stderr go to two files, the two streams Cloud Logging keeps apart (``run.googleapis.com/stdout`` and
 ``stderr``). A task that outlives its timeout is killed, process group and all (Cloud Run docs, "Set task timeout
@@ -40,6 +42,7 @@ class AttemptSpec:
     timeout_s: float
     stdout: Path
     stderr: Path
+    image_bin: Path | None = None  # the image's Python environment (image_env.py); None: this host's interpreter
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ class TaskAttempt:
 
     def _env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
-        image_bin = str(Path(sys.executable).parent)
+        image_bin = str(self.spec.image_bin or Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([image_bin, "/usr/local/bin", "/usr/bin", "/bin"])
         env.update(self.spec.env)
         return env

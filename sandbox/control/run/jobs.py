@@ -43,6 +43,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from sandbox.control.cloudbuild.image_config import HOST_ONLY_ENV, ImageConfig
+from sandbox.control.cloudbuild.image_env import ImageEnvironment, ImageEnvironmentError
 from sandbox.control.errors import GoogleApiError, already_exists, invalid_argument, not_found
 from sandbox.control.run import resources as res
 from sandbox.control.run.capacity import Footprint, exceeded, footprint_of
@@ -54,6 +55,7 @@ from sandbox.control.run.dependencies import (
     service_account_of,
 )
 from sandbox.control.run.iam_policy import new_policy, post_policy_method
+from sandbox.control.run.job_images import image_environment
 from sandbox.control.run.job_tasks import AttemptResult, AttemptSpec, TaskAttempt
 from sandbox.control.run.validation import DEFAULT_CPU, DEFAULT_MEMORY, check_container_sizes, has_field
 from sandbox.metadata import RequireFlavor, build_metadata_app
@@ -93,6 +95,7 @@ class ExecutionRecord:
     runner: asyncio.Task | None = None
     metadata: ServedApp | None = None
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)  # cancelled or deleted
+    environment: ImageEnvironment | None = None  # the image's Python environment, when its build made one
 
     @property
     def running(self) -> bool:
@@ -485,6 +488,15 @@ class CloudRunJobs:
                 execution.cancelled_count = execution.task_count  # no task ever started
                 self._finish(record, ex, "Cancelled by user.", Reason.CANCELLED)
                 return
+            try:  # the image "pulled": its Python environment made, the first time a job runs it (image_env.py)
+                ex.environment = await image_environment(self.ctx, execution.template, ex.stop_requested)
+            except ImageEnvironmentError as exc:
+                self._finish(record, ex, exc.message, Reason.NON_ZERO_EXIT_CODE)
+                return
+            if ex.stopping:
+                execution.cancelled_count = execution.task_count
+                self._finish(record, ex, "Cancelled by user.", Reason.CANCELLED)
+                return
             account = execution.template.service_account
             ex.metadata = await serve_app(
                 RequireFlavor(build_metadata_app(self.ctx.config, self.ctx.identity, account=account)),
@@ -603,12 +615,15 @@ class CloudRunJobs:
             **self._trust_store(),
         }
         (folder / "home").mkdir(parents=True, exist_ok=True)
-        workdir = folder / "root" / (config.workdir if config else "/").lstrip("/")
+        # The image's WORKDIR: in its environment's copy of the image's files, else a folder of the task's own.
+        root = ex.environment.root if ex.environment else folder / "root"
+        workdir = root / (config.workdir if config else "/").lstrip("/")
         return AttemptSpec(
             argv=argv,
             env=env,
             workdir=workdir,
             timeout_s=timeout_seconds(task),
+            image_bin=ex.environment.bin if ex.environment else None,
             stdout=folder / f"attempt{attempt}.stdout",
             stderr=folder / f"attempt{attempt}.stderr",
         )
