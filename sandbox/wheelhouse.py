@@ -2,10 +2,10 @@
 
 `make worker-e2e` runs the sandbox inside a private network namespace (sandbox.netns), where no package index is
 reachable, as Cloud Run's own network would not reach this machine's. The images the sandbox's Cloud Build builds
-there get their Python environment from these wheels (sandbox/control/cloudbuild/image_env.py, ``SANDBOX_WHEELHOUSE``:
-``uv pip install --no-index --find-links``). The folder also stands in for pip's cache between runs: it is filled once and
-reused (``pip download`` skips a wheel already there), which pip's own cache does not do on a machine whose package
-proxy sends no caching headers.
+there get their Python environment from these wheels (sandbox/control/cloudbuild/image_env.py,
+``SANDBOX_WHEELHOUSE``: ``uv pip install --no-index --find-links``). The folder also stands in for pip's cache between
+runs: it is filled once and reused (``pip download`` skips a wheel already there), which pip's own cache does not do
+on a machine whose package proxy sends no caching headers.
 
     python -m sandbox.wheelhouse --out .sandbox/wheels [--source .]
 """
