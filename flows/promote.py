@@ -333,7 +333,7 @@ def _promote(
             # Read-only project checks first: a disabled API or a missing role fails here, before anything is spent.
             check_project(target, profile, service_id)
     with report.step("preflight"):
-        needs = preflight(report, target, profile, source, delivery, dry_run)
+        needs = preflight(report, target, profile, source, delivery, dry_run, verify)
     with report.step("resolve"):
         weights = _resolve_revision(report, target, profile, source)
     with report.step("check service"):

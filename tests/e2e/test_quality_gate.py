@@ -17,6 +17,7 @@ import yaml
 from google.api_core import exceptions as gexc
 
 from flows.rollback import rollback_model
+from tasks.checks.findings import PreflightError
 from tasks.common.naming import SERVING_TAG
 from tasks.deploy.verdicts import ANNOTATION
 from tests.support.artifacts import artifact
@@ -89,3 +90,16 @@ def test_a_wrong_candidate_is_refused_before_any_traffic_moves_and_a_right_one_i
     assert not [tag for _, _, tag in traffic(flow_env, service) if tag == SERVING_TAG]
     # The refused candidate is Ready in Cloud Run; a rollback passes over it to the first revision.
     assert rollback_model(service=service).to_revision == first
+
+
+def test_a_quality_set_too_large_for_the_verify_window_is_refused_in_preflight(sb, flow_env):
+    service = f"quality-budget-{next(_ids)}"
+    since = sb.last_request_seq()
+    many = {**QUALITY, "prompts": QUALITY["prompts"] * 12}  # 48 x 2 s to a first token + 480 tokens at 10/s
+    with pytest.raises(PreflightError, match="quality"):
+        promote(service, quality=many)
+    report = artifact(f"promotion-{service}")
+    assert "error: `quality`: quality: 48 prompts of up to 480 tokens in all may take 144 s" in report, report
+    writes = [r for r in sb.requests(since=since) if r["method"] in ("POST", "PUT", "PATCH", "DELETE")
+              and r["server"] in ("control", "gcs")]  # fmt: skip
+    assert writes == [], "refused before any cloud write"

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from flows.common import read_spec
+from tasks.checks.quality_budget import check_quality_budget
+from tasks.deploy.probe import VerifyOptions
 from tasks.quality.scoring import agreement, passes, score
 from tasks.quality.spec import Expect, resolve_quality
 from tasks.quality.verdict import Answer, judge, table
+from tasks.watch.canary import WatchOptions
 
 SET = {
     "prompts": [
@@ -141,3 +144,18 @@ def test_the_reports_table_shows_each_prompt_both_answers_and_the_gates_cost():
     row = next(line for line in lines if line.startswith("| Capital of France?"))
     assert "FAIL: `Lyon / xxx" in row and "…`" in row and "FAIL: `HTTP 503`" in row
     assert "| 2+2? | pass: `4` | pass: `4` |" in lines
+
+
+def test_a_quality_set_the_verify_window_cannot_hold_is_refused_saying_what_to_change():
+    many = {"prompts": [{"prompt": f"q{i}", "expect": {"exact": "a"}, "max_tokens": 64} for i in range(20)],
+            "min_score": 0.5}  # fmt: skip
+    quality = resolve_quality(many, Path("."))
+    # 20 x (2 s to the first token + 64 tokens at 10 tokens/s): 168 s, more than the 120 s verify window.
+    (finding,) = check_quality_budget(quality, None, WatchOptions())
+    assert (finding.severity, finding.setting) == ("error", "quality")
+    assert "20 prompts of up to 1280 tokens in all may take 168 s at the slowest speed the watch calls healthy " \
+           "(10 tokens/s, first token in 2 s), more than the verify window of 120 s" in finding.message  # fmt: skip
+    assert finding.message.endswith("use fewer prompts or smaller max_tokens, or raise verify.request_timeout_s")
+    assert check_quality_budget(quality, VerifyOptions(request_timeout_s=180), WatchOptions()) == []
+    assert check_quality_budget(resolve_quality(SET, Path(".")), None, WatchOptions()) == []
+    assert check_quality_budget(None, None, WatchOptions()) == []
