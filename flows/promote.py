@@ -50,7 +50,7 @@ from tasks.deploy.render import Weights, gcloud_command, render_service, revisio
 from tasks.image.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.image.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.infra import access, build_identity, ensure
-from tasks.quality.spec import QualitySpec
+from tasks.quality.spec import QualitySet, QualitySpec
 from tasks.report.archive import gcs_archive_report
 from tasks.report.cost import CostEstimate, WatchPlan, estimate
 from tasks.report.report import PromotionReport
@@ -221,9 +221,7 @@ def promote_model(
         spec_file: A model file in deployments/, e.g. deployments/gemma-4-e2b.yaml, supplying each parameter not given.
         force: Deploy and verify again a candidate a verdict found bad (it failed verification or the quality gate,
             or was rolled back: the same weights, image and profile), which is refused otherwise.
-        quality: The quality set the candidate must answer before any traffic moves, beside the serving revision
-            (prompts with expected answers, min_score, max_drop, min_agreement; docs/quality-gate.md); default the
-            model file's `quality:`. Its `file` is read beside the model file (or in deployments/).
+        quality: Prompts with expected answers judged before traffic moves (docs/quality-gate.md); default the file's.
     """
     spec = read_spec(spec_file)
     report, gcp = _new_report(spec, model, revision, target, service)
@@ -231,17 +229,21 @@ def promote_model(
         serving = _serving_profile(spec, profile, image, build, load_mode)
         report.cost = _cost(serving, spec, warm_hours_per_week, from_model_file=spec_file is not None)
         source = _model_source(report, spec, allow_patterns, ignore_patterns, token_secret_block, hub_endpoint)
-        delivery = _delivery(spec, serving, source, canary, watch, rollout)
-        delivery.quality = quality_set(spec, quality, spec_file)
+        delivery = _delivery(spec, serving, source, canary, watch, rollout, quality_set(spec, quality, spec_file))
         report.cost.watch = WatchPlan.of(delivery.canary, delivery.samples(serving), gcp, delivery.rollout)
         _promote(report, gcp, serving, source, verify, delivery, dry_run, force)
     except Exception as exc:
-        report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
-        _where_traffic_stands(report, gcp, report.service)
-        _publish(report, gcp, report.service)
+        _failed(report, gcp, exc)
         raise
     _publish(report, gcp, report.service)
     return report
+
+
+def _failed(report: PromotionReport, gcp: GcpTarget, exc: Exception) -> None:
+    """The report of a run that failed, published with where traffic stands."""
+    report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
+    _where_traffic_stands(report, gcp, report.service)
+    _publish(report, gcp, report.service)
 
 
 def _new_report(
@@ -306,9 +308,10 @@ def _model_source(
 
 def _delivery(
     spec: dict, serving: ServingProfile, source: ModelSource, canary: list[int] | None, watch: WatchOptions | None,
-    rollout: str | None,
+    rollout: str | None, quality: QualitySet | None = None,
 ) -> Delivery:  # fmt: skip
-    """How traffic is to move once the candidate is verified: the run's parameters over the model file's."""
+    """How traffic is to move once the candidate is verified (and the quality set it must answer first): the run's
+    parameters over the model file's."""
     delivery = Delivery(
         canary=check_canary(canary if canary is not None else spec.get("canary")),
         watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
@@ -316,6 +319,7 @@ def _delivery(
         rollout=check_rollout(rollout or spec.get("rollout") or "zero-downtime"),
         without_traffic=serving.watch_without_traffic,
         served_name=source.served_model_name,
+        quality=quality,
     )
     delivery.watch.refuse_without_vllm_metrics(serving.metrics)
     return delivery
