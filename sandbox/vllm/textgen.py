@@ -4,8 +4,8 @@ Same prompt, same model, same answer: tests can compare responses across revisio
 the wrong model (a stale revision, a wrong served name) reads differently.
 
 What a model "knows": the stand-in's weights are synthetic bytes, so a sandbox repo writes its knowledge in its
-config.json, under the sandbox-only key ``sandbox_answers`` ({prompt: answer}; transformers keeps a config's unknown
-keys as attributes and vLLM reads none it does not know, so the real engine ignores it). config.json is among the
+config.json, under the sandbox-only key ``sandbox_answers`` ({prompt: answer}; only repos the stand-in serves carry
+it: sandbox/tiny-llama, which the real engine serves, does not). config.json is among the
 files the product stages by default (tasks/weights/selection.py), so a revision knows what the commit it serves knows.
 A chat request whose last user message is one of those prompts gets that answer, recited token by token; every other
 prompt gets the deterministic words. The fault ``wrong_answers`` (sandbox/vllm/instance.Faults) forgets it all: the

@@ -1,10 +1,10 @@
 """The quality gate: before any traffic moves, the candidate and the serving revision answer the quality set's
 prompts through their tag URLs, side by side, at temperature 0; tasks/quality/verdict.py judges the answers.
 
-The serving revision has no URL of its own while it takes traffic: the gate tags it (``serving``, Cloud Run's
-revision tags: "Tags let you access a specific revision at a dedicated URL without sending traffic to it", docs
-"Rollbacks, gradual rollouts, and traffic migration"). Only the tags change, not the split; the next traffic write
-(a canary step, the promotion, or the abandon of a refused candidate) drops the tag again.
+The serving revision has no URL of its own while it takes traffic: the gate tags it ``serving`` (a Cloud Run revision
+tag gives a revision its own URL, "to test a revision" (docs "Manage revisions"); a tag may name any revision, as
+`gcloud run services update-traffic --update-tags TAG=REVISION` does). Only the tags change, not the split; the next
+traffic write (a canary step, the promotion, or the abandon of a refused candidate) drops the tag again.
 """
 
 from __future__ import annotations
