@@ -18,6 +18,7 @@ from blocks.target import GcpTarget
 from flows.service_lock import ServiceLock, held
 from flows.service_lock import service_lock_name as lock_name
 from tasks.deploy.rollout import Rollout
+from tasks.quality.spec import QualitySpec
 from tasks.report.schedules import WarmHours
 from tasks.watch.canary import WatchOptions, check_canary
 
@@ -50,6 +51,7 @@ class ModelSpec(BaseModel):
     rollout: Rollout | None = None
     watch: WatchOptions | None = None
     metrics: Literal["none", "vllm"] | None = None  # the profile's metrics sidecar choice, for this model
+    quality: QualitySpec | None = None  # the quality set the candidate must answer (tasks/quality)
 
     @field_validator("canary")
     @classmethod

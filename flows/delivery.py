@@ -38,6 +38,7 @@ from tasks.deploy.cloudrun import (
 )
 from tasks.deploy.rollout import Rollout
 from tasks.deploy.traffic import describe_split
+from tasks.quality.spec import QualitySet
 from tasks.report.report import PromotionReport
 from tasks.watch.canary import (
     RolledBack,
@@ -62,6 +63,7 @@ class Delivery(BaseModel):
     vllm_metrics: bool = False  # the Prometheus sidecar runs beside vLLM: TTFT, TPOT and stream errors are judged
     without_traffic: Literal["skip", "load"] = "skip"  # the profile's watch_without_traffic
     served_name: str = ""  # what the candidate serves: the load's requests name it
+    quality: QualitySet | None = None  # the quality set judged before any traffic moves (flows/gate.py)
 
     def samples(self, profile: ServingProfile) -> int:
         return self.watch.samples if self.watch.samples is not None else profile.watch_samples

@@ -16,9 +16,11 @@ from tasks.checks.build_region import check_build_region
 from tasks.checks.findings import Finding, error
 from tasks.checks.in_use import Room, check_room
 from tasks.checks.preflight import check_candidate_quota, check_profile, raise_on_errors
+from tasks.checks.quality_budget import check_quality_budget
 from tasks.checks.quotas import Need, QuotaExceeded, check_region_quotas, gpu_quota
 from tasks.common import clients
 from tasks.deploy.cloudrun import serving_traffic
+from tasks.deploy.probe import VerifyOptions
 from tasks.deploy.rollout import Rollout
 from tasks.report.report import PromotionReport
 
@@ -31,14 +33,15 @@ _NO_RUNTIME_TOKEN = (
 
 def preflight(
     report: PromotionReport, target: GcpTarget, profile: ServingProfile, source: ModelSource, delivery: Delivery,
-    dry_run: bool,
+    dry_run: bool, verify: VerifyOptions | None = None,
 ) -> list[Need]:  # fmt: skip
-    """What would fail later, refused before any cloud write: the profile's findings, a runtime token there is none
-    of, a canary with no watch, the region's quotas, a build region Cloud Build will not build in, and the
-    candidate's GPU beside the serving revision's. Returns the quota figures judged by."""
-    report.findings = raise_on_errors(
-        _with_quota_refusal(check_profile(profile, target, report.service), target, profile)
-    )
+    """What would fail later, refused before any cloud write: the profile's findings, a quality set too large for
+    the verify window, a runtime token there is none of, a canary with no watch, the region's quotas, a build region
+    Cloud Build will not build in, and the candidate's GPU beside the serving revision's. Returns the quota figures
+    judged by."""
+    findings = check_profile(profile, target, report.service)
+    findings += check_quality_budget(delivery.quality, verify, delivery.watch)
+    report.findings = raise_on_errors(_with_quota_refusal(findings, target, profile))
     if profile.hf_token_at_runtime and clients.hub_token(source) is None:
         raise ValueError(_NO_RUNTIME_TOKEN)
     if delivery.canary and delivery.samples(profile) == 0:

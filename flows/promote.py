@@ -21,6 +21,7 @@ from blocks.target import GcpTarget
 from flows.common import DEFAULT_TARGET, emit, load_profile, load_target, read_spec, service_lock, validated
 from flows.delivery import Delivery, DeliveryRun, deliver, watch_promoted
 from flows.doctor import check_project
+from flows.gate import abandoned_on_failure, judge_answers, quality_payload, quality_set
 from flows.preflight import check_rollout, preflight, room_for_candidate
 from flows.replace import Stopped, deliver_in_place, resume_after_failed_replace, stop_for_replace
 from flows.service_lock import ServiceLock
@@ -38,7 +39,6 @@ from tasks.common.naming import CANDIDATE_TAG
 from tasks.common.progress import artifact_key
 from tasks.deploy.cloudrun import (
     Candidate,
-    run_abandon_candidate,
     run_check_candidate_verdict,
     run_deploy_candidate,
     run_verify_candidate,
@@ -50,6 +50,7 @@ from tasks.deploy.render import Weights, gcloud_command, render_service, revisio
 from tasks.image.builds import cloudbuild_run_build, resolve_image, source_digest
 from tasks.image.images import build_plan, content_tag, render_build, render_build_yaml
 from tasks.infra import access, build_identity, ensure
+from tasks.quality.spec import QualitySet, QualitySpec
 from tasks.report.archive import gcs_archive_report
 from tasks.report.cost import CostEstimate, WatchPlan, estimate
 from tasks.report.report import PromotionReport
@@ -179,6 +180,7 @@ def promote_model(
     warm_hours_per_week: float | None = None,
     spec_file: str | None = None,
     force: bool = False,
+    quality: QualitySpec | None = None,
 ) -> PromotionReport:
     """Promote a Hugging Face model to a healthy vLLM revision on Cloud Run GPUs.
 
@@ -217,8 +219,9 @@ def promote_model(
         warm_hours_per_week: The warm hours a week the report's cost assumes; default the model file's schedule
             (55 h: 08:00-19:00 Mon-Fri), or with no model file, as min_instances runs the service.
         spec_file: A model file in deployments/, e.g. deployments/gemma-4-e2b.yaml, supplying each parameter not given.
-        force: Deploy and verify again a candidate a verdict found bad (it failed verification or was rolled back:
-            the same weights, image and profile), which is refused otherwise.
+        force: Deploy and verify again a candidate a verdict found bad (it failed verification or the quality gate,
+            or was rolled back: the same weights, image and profile), which is refused otherwise.
+        quality: Prompts with expected answers judged before traffic moves (docs/quality-gate.md); default the file's.
     """
     spec = read_spec(spec_file)
     report, gcp = _new_report(spec, model, revision, target, service)
@@ -226,16 +229,21 @@ def promote_model(
         serving = _serving_profile(spec, profile, image, build, load_mode)
         report.cost = _cost(serving, spec, warm_hours_per_week, from_model_file=spec_file is not None)
         source = _model_source(report, spec, allow_patterns, ignore_patterns, token_secret_block, hub_endpoint)
-        delivery = _delivery(spec, serving, source, canary, watch, rollout)
+        delivery = _delivery(spec, serving, source, canary, watch, rollout, quality_set(spec, quality, spec_file))
         report.cost.watch = WatchPlan.of(delivery.canary, delivery.samples(serving), gcp, delivery.rollout)
         _promote(report, gcp, serving, source, verify, delivery, dry_run, force)
     except Exception as exc:
-        report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
-        _where_traffic_stands(report, gcp, report.service)
-        _publish(report, gcp, report.service)
+        _failed(report, gcp, exc)
         raise
     _publish(report, gcp, report.service)
     return report
+
+
+def _failed(report: PromotionReport, gcp: GcpTarget, exc: Exception) -> None:
+    """The report of a run that failed, published with where traffic stands."""
+    report.fail(exc)  # a preflight refusal keeps all its findings, each with its fix
+    _where_traffic_stands(report, gcp, report.service)
+    _publish(report, gcp, report.service)
 
 
 def _new_report(
@@ -300,9 +308,10 @@ def _model_source(
 
 def _delivery(
     spec: dict, serving: ServingProfile, source: ModelSource, canary: list[int] | None, watch: WatchOptions | None,
-    rollout: str | None,
+    rollout: str | None, quality: QualitySet | None = None,
 ) -> Delivery:  # fmt: skip
-    """How traffic is to move once the candidate is verified: the run's parameters over the model file's."""
+    """How traffic is to move once the candidate is verified (and the quality set it must answer first): the run's
+    parameters over the model file's."""
     delivery = Delivery(
         canary=check_canary(canary if canary is not None else spec.get("canary")),
         watch=validated(WatchOptions, watch if watch is not None else spec.get("watch") or {}, "watch"),
@@ -310,6 +319,7 @@ def _delivery(
         rollout=check_rollout(rollout or spec.get("rollout") or "zero-downtime"),
         without_traffic=serving.watch_without_traffic,
         served_name=source.served_model_name,
+        quality=quality,
     )
     delivery.watch.refuse_without_vllm_metrics(serving.metrics)
     return delivery
@@ -327,7 +337,7 @@ def _promote(
             # Read-only project checks first: a disabled API or a missing role fails here, before anything is spent.
             check_project(target, profile, service_id)
     with report.step("preflight"):
-        needs = preflight(report, target, profile, source, delivery, dry_run)
+        needs = preflight(report, target, profile, source, delivery, dry_run, verify)
     with report.step("resolve"):
         weights = _resolve_revision(report, target, profile, source)
     with report.step("check service"):
@@ -358,8 +368,12 @@ def _promote(
         if candidate.unchanged:
             _already_serving(report, run)
         else:
-            with report.step("verify"):
-                _verify_or_abandon(report, run, source, verify, stopped, profile)
+            with abandoned_on_failure(report, run, stopped, profile):
+                with report.step("verify"):
+                    _verify(report, run, source, verify)
+                if delivery.quality is not None:
+                    with report.step("quality gate"):
+                        judge_answers(report, run, source, verify, stopped)
             if stopped is not None:
                 deliver_in_place(report, run, stopped, profile)
             else:
@@ -443,31 +457,15 @@ def _already_serving(report: PromotionReport, run: DeliveryRun) -> None:
         watch_promoted(report, run, previous_url=run.candidate.previous_url)
 
 
-def _verify_or_abandon(
-    report: PromotionReport, run: DeliveryRun, source: ModelSource, verify: VerifyOptions | None,
-    stopped: Stopped | None, profile: ServingProfile,
-) -> None:  # fmt: skip
-    """The candidate answers at its own URL, and the watch can read its metrics; otherwise it is abandoned (with the
-    replace rollout the old revision serves again) before any traffic moves."""
+def _verify(report: PromotionReport, run: DeliveryRun, source: ModelSource, verify: VerifyOptions | None) -> None:
+    """The candidate answers at its own URL, and the watch can read its metrics (abandoned_on_failure abandons it
+    otherwise, before any traffic moves)."""
     candidate = run.candidate
-    try:
-        report.verification = run_verify_candidate(run.target, candidate, source.served_model_name, verify)
-        # A watch that cannot read the metrics must fail before traffic moves, not after (a first deploy is not
-        # watched: flows/delivery.watch_plan).
-        if run.samples and candidate.previous_traffic:
-            monitoring_read_revision(run.target, run.service_id, candidate.revision, run.delivery.vllm_metrics)
-    except Exception:
-        # The verification's error is the run's story: a failure to abandon is logged beside it, and a replace
-        # rollout's service never stays at manual 0 (resume_after_failed_replace logs its own failure).
-        try:
-            run.fenced(candidate.left_serving, "abandon the candidate")
-            run_abandon_candidate(run.target, run.service_id, candidate)
-        except Exception as exc:
-            run_logger().error("the candidate %s could not be abandoned: %s", candidate.revision, exc)
-        finally:
-            if stopped is not None:
-                resume_after_failed_replace(report, run.target, run.service_id, stopped, profile, run.lock)
-        raise
+    report.verification = run_verify_candidate(run.target, candidate, source.served_model_name, verify)
+    # A watch that cannot read the metrics must fail before traffic moves, not after (a first deploy is not
+    # watched: flows/delivery.watch_plan).
+    if run.samples and candidate.previous_traffic:
+        monitoring_read_revision(run.target, run.service_id, candidate.revision, run.delivery.vllm_metrics)
 
 
 def _where_traffic_stands(report: PromotionReport, target: GcpTarget, service_id: str) -> None:
@@ -516,7 +514,7 @@ def _publish(report: PromotionReport, target: GcpTarget, service_id: str) -> Non
         emit(event, target, service_id, {
             "model": report.model, "commit": report.commit, "outcome": report.outcome, "reason": report.reason,
             "revision": report.serving_revision, "traffic": report.traffic,
-            "steps": [step.model_dump() for step in report.delivery],
+            "steps": [step.model_dump() for step in report.delivery], "quality": quality_payload(report.quality),
         })  # fmt: skip
     # History beyond the Prefect plan's retention, in the bucket the infrastructure step made sure of: a run that did
     # not get that far (refused before any cloud write, a dry run, a bucket in the wrong region) writes nothing there.

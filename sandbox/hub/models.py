@@ -41,6 +41,10 @@ class ModelSpec(BaseModel):
     context_length: int = Field(8192, ge=1, description="max_position_embeddings")
     architecture: str = "LlamaForCausalLM"
     model_type: str = "llama"
+    answers: dict[str, str] = Field(
+        default_factory=dict,
+        description="What the model knows, {prompt: answer}: config.json's sandbox_answers (sandbox/vllm/textgen.py)",
+    )
 
 
 def _offset(seed: int, path: str) -> int:
@@ -89,10 +93,13 @@ def _torch_archive(name: str, size: int, seed: int) -> Blob:
 def model_blobs(repo_id: str, spec: ModelSpec, gated: GatedMode) -> dict[str, Blob]:
     """All files of a generated model repo."""
     dims: LlamaDims = dims_for(spec.weight_bytes, spec.dtype)
+    config = mf.config_json(dims, spec.dtype, spec.context_length, spec.architecture, spec.model_type)
+    if spec.answers:  # the stand-in's knowledge rides in a file the product stages by default
+        config = json.dumps({**json.loads(config), "sandbox_answers": spec.answers}, indent=2) + "\n"
     texts = {
         ".gitattributes": mf.GITATTRIBUTES,
         "README.md": mf.readme_md(repo_id, mf.card_data(gated)),
-        "config.json": mf.config_json(dims, spec.dtype, spec.context_length, spec.architecture, spec.model_type),
+        "config.json": config,
         "generation_config.json": mf.generation_config_json(),
         "special_tokens_map.json": mf.special_tokens_map_json(),
         "tokenizer.json": mf.tokenizer_json(dims.vocab_size),

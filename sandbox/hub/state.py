@@ -78,17 +78,29 @@ class HubState:
         return deadline >= time.time() and hmac.compare_digest(self.sign(sha256, deadline), signature)
 
 
+# What sandbox/tiny-chat knows (every commit: config.json's sandbox_answers, which the stand-in answers from), and
+# deployments/sandbox/tiny-chat.yaml's quality set asks. sandbox/tiny-llama knows nothing: the real engine serves it
+# with random weights too, so its model file's quality set sets no floor (min_score 0).
+TINY_CHAT_ANSWERS = {
+    "What is the capital of France?": "The capital of France is Paris.",
+    "What is 7 times 6? Answer with the number only.": "42",
+    "Name the largest planet of the solar system.": "Jupiter is the largest planet.",
+    "Reply with the word ready in capitals.": "READY",
+}
+
+
 def seed_default_repos(state: HubState) -> None:
     """Publish the repos every sandbox starts with.
 
     - ``sandbox/tiny-chat``: public, ~4 MiB of weights in 2 shards. Tag ``v1.0`` is the first commit, ``main``
-      has a model card update on top, and branch ``dev`` holds different weights (seed 1).
+      has a model card update on top, and branch ``dev`` holds different weights (seed 1). Every commit knows the
+      answers of ``TINY_CHAT_ANSWERS``.
     - ``sandbox/gated-chat``: gated ("manual"), licence accepted only by the user of SANDBOX_HF_TOKEN.
     - ``sandbox/private-chat``: private, readable only with SANDBOX_HF_TOKEN.
     - ``sandbox/tiny-llama``: public, a real 2-layer Llama (2.9 MB) the real engine serves (``--engine vllm``);
       the stand-in serves it too, so deployments/sandbox/tiny-llama.yaml runs on either.
     """
-    tiny = generate_model_repo("sandbox/tiny-chat", weight_bytes=4 * MIB, shards=2)
+    tiny = generate_model_repo("sandbox/tiny-chat", weight_bytes=4 * MIB, shards=2, answers=TINY_CHAT_ANSWERS)
     first = tiny.branches["main"]
     tag(tiny, "v1.0", first)
     readme = tiny.commits[first].files["README.md"].blob

@@ -55,6 +55,10 @@ class Faults:
       EngineCore process is killed (tests/engine/test_calibration.py), unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``
       keeps it up (/health 503, generation 500). A non-streamed request N is unaffected.
     - ``completions_status``: every generation request fails with this HTTP status.
+    - ``wrong_answers``: the model knows nothing: every request succeeds, fluently, in the deterministic words, and
+      never with an answer its config.json says it knows (sandbox/vllm/textgen.py): FP8 weights answering gibberish
+      (vllm-project/vllm#28845), a wrong chat template, a broken quantization. Health, /v1/models and the verify
+      step's chat completion pass; only a quality gate that checks the answers sees it.
     - ``served_model_name``: serve under this name instead of the configured one.
     - ``load_seconds``: simulated weight-load time instead of the size-based one.
     - ``slow_tokens_per_s``: decode speed per request instead of the device's: each token after the first takes
@@ -115,6 +119,7 @@ class Faults:
     engine_dead_after_requests: int | None = None
     engine_dies_mid_stream: int | None = None
     completions_status: int | None = None
+    wrong_answers: bool = False
     served_model_name: str | None = None
     load_seconds: float | None = None
     slow_tokens_per_s: float | None = None

@@ -23,7 +23,7 @@ from prometheus_client.exposition import gzip_accepted
 from sandbox.vllm import VLLM_VERSION, metrics
 from sandbox.vllm.engine import EngineState, FinishedRequest
 from sandbox.vllm.logs import VllmLog
-from sandbox.vllm.textgen import Generated, count_tokens, generate, render_chat
+from sandbox.vllm.textgen import Generated, answer_to, count_tokens, generate, known_answers, recite, render_chat
 from sandbox.vllm.timing import REQUEST_OVERHEAD_S, SimClock
 
 JSON = "application/json"
@@ -97,9 +97,13 @@ class _Plan:
     number: int = 0  # the request's number among this instance's generation requests (1 = the first)
     ignore_eos: bool = False
     min_tokens: int = 0  # the fault min_answer_tokens
+    known: str | None = None  # the answer the model knows to this chat prompt (textgen.known_answers)
 
     def generations(self) -> list[list[Generated]]:
-        """Per prompt, per choice: the deterministic answer."""
+        """Per prompt, per choice: the known answer, or the deterministic words."""
+        if self.known is not None:
+            extend = self.max_tokens if self.ignore_eos else self.min_tokens
+            return [[recite(self.known, self.max_tokens, extend) for _ in range(self.n)]]
         return [
             [generate(self.model, p.text, j, self.max_tokens, self.ignore_eos, self.min_tokens) for j in range(self.n)]
             for p in self.prompts
@@ -173,6 +177,8 @@ class OpenAiApi:
         self.log = log
         self.api_keys = api_keys
         self.created = int(time.time())
+        # What the staged model knows (none under the fault wrong_answers): its config.json's sandbox_answers.
+        self.answers = {} if engine.faults.wrong_answers else known_answers(engine.config.model.config)
 
     # --- plain endpoints -------------------------------------------------------------------------------
 
@@ -414,6 +420,7 @@ class OpenAiApi:
             stream=stream,
             include_usage=usage,
             ignore_eos=data.get("ignore_eos") is True,
+            known=answer_to(self.answers, messages),
         )
 
     def _plan_completion(self, data: dict[str, Any]) -> _Plan:

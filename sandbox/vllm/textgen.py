@@ -2,6 +2,15 @@
 
 Same prompt, same model, same answer: tests can compare responses across revisions, and a response from
 the wrong model (a stale revision, a wrong served name) reads differently.
+
+What a model "knows": the stand-in's weights are synthetic bytes, so a sandbox repo writes its knowledge in its
+config.json, under the sandbox-only key ``sandbox_answers`` ({prompt: answer}; only repos the stand-in serves carry
+it: sandbox/tiny-llama, which the real engine serves, does not). config.json is among the
+files the product stages by default (tasks/weights/selection.py), so a revision knows what the commit it serves knows.
+A chat request whose last user message is one of those prompts gets that answer, recited token by token; every other
+prompt gets the deterministic words. The fault ``wrong_answers`` (sandbox/vllm/instance.Faults) forgets it all: the
+instance answers 200s, fluently, in the deterministic words, never the known answer (the words come from
+``_VOCABULARY``, which holds none of the sandbox's known answers).
 """
 
 from __future__ import annotations
@@ -80,6 +89,34 @@ class Generated:
     def text(self) -> str:
         """The whole answer."""
         return "".join(self.pieces)
+
+
+ANSWERS_KEY = "sandbox_answers"
+
+
+def known_answers(config: dict[str, Any]) -> dict[str, str]:
+    """The answers a model's config.json says it knows ({prompt: answer}; anything else under the key is ignored)."""
+    found = config.get(ANSWERS_KEY)
+    if not isinstance(found, dict):
+        return {}
+    return {str(prompt).strip(): answer for prompt, answer in found.items() if isinstance(answer, str)}
+
+
+def answer_to(answers: dict[str, str], messages: list[Any]) -> str | None:
+    """The answer known to the conversation's last user message (its text, stripped), if any."""
+    asked = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
+    return answers.get(asked.strip()) if isinstance(asked, str) else None
+
+
+def recite(answer: str, max_tokens: int, extend_to: int = 0) -> Generated:
+    """A known ``answer``, token by token, cut at ``max_tokens`` (finish_reason "length"); ``extend_to`` tokens at
+    least (vLLM's ``min_tokens``, ``ignore_eos``): the deterministic words go on after it."""
+    pieces = [match.group(0) for match in re.finditer(r"\s*(?:[A-Za-z0-9]+|[^\sA-Za-z0-9])", answer)]
+    if extend_to > len(pieces):
+        more = generate(answer, answer, 0, extend_to - len(pieces), ignore_eos=True).pieces
+        pieces += [f" {piece.strip()}" for piece in more]
+    natural = len(pieces)
+    return Generated(tuple(pieces[:max_tokens]), "stop" if natural <= max_tokens else "length")
 
 
 def generate(

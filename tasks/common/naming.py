@@ -27,3 +27,8 @@ REPORTS_PREFIX = "reports"
 def reports_prefix(service_id: str) -> str:
     """The folder of one service's reports in the target's bucket, e.g. ``reports/gemma-4-e2b/``."""
     return f"{REPORTS_PREFIX}/{service_id}/"
+
+
+# The tag the serving revision gets while the quality gate asks it the candidate's questions (tasks/quality/gate.py):
+# its own URL, its traffic unchanged. The next traffic write (a canary step, the promotion, or the abandon) drops it.
+SERVING_TAG = "serving"

@@ -1,12 +1,12 @@
 """What the pipeline found of each revision it deployed, kept on the service, so that a rollback never lands on one
 that failed.
 
-A candidate that failed verification, or breached the SLO and was rolled back, stays Ready in Cloud Run: it is a
-revision that started. Only the pipeline knows it is bad. A revision's own labels and annotations cannot change after
-it is created (they come from the template), so the verdicts live on the service, in one annotation: a JSON object
-``{revision: verdict}``. Updating service annotations alone makes no new revision (run.v2: only template changes
-do). The newest ``MAX_VERDICTS`` are kept: annotation values are limited in size, and rollbacks look back a few
-revisions, not hundreds.
+A candidate that failed verification or the quality gate, or breached the SLO and was rolled back, stays Ready in
+Cloud Run: it is a revision that started. Only the pipeline knows it is bad. A revision's own labels and annotations
+cannot change after it is created (they come from the template), so the verdicts live on the service, in one
+annotation: a JSON object ``{revision: verdict}``. Updating service annotations alone makes no new revision (run.v2:
+only template changes do). The newest ``MAX_VERDICTS`` are kept: annotation values are limited in size, and rollbacks
+look back a few revisions, not hundreds.
 """
 
 from __future__ import annotations
@@ -25,11 +25,15 @@ from tasks.common.gcp import GCP_RETRY, wait_for
 
 ANNOTATION = "hf-cloudrun-pipeline.dev/revision-verdicts"
 MAX_VERDICTS = 50
-Verdict = Literal["verified", "failed-verification", "rolled-back"]
-BAD: frozenset[str] = frozenset({"failed-verification", "rolled-back"})
+Verdict = Literal["verified", "failed-verification", "failed-quality", "rolled-back"]
+BAD: frozenset[str] = frozenset({"failed-verification", "failed-quality", "rolled-back"})
 
 
-BAD_WORDS = {"failed-verification": "failed verification", "rolled-back": "was rolled back"}
+BAD_WORDS = {
+    "failed-verification": "failed verification",
+    "failed-quality": "failed the quality gate",
+    "rolled-back": "was rolled back",
+}
 
 
 class Record(NamedTuple):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from tasks.checks.findings import Finding, PreflightError
 from tasks.deploy.probe import Verification
 from tasks.image.builds import BuildAttempt, ImageBuildError, ImageResult
+from tasks.quality.verdict import GateResult, table
 from tasks.report.cost import CostEstimate
 from tasks.watch.canary import RolledBack, StepResult
 from tasks.weights.staging import StagingResult
@@ -46,6 +47,7 @@ class PromotionReport(BaseModel):
     traffic_unknown: str | None = Field(None, description="Why where traffic stands could not be read (e.g. a 403).")
     downtime: str | None = Field(None, description="What a replace rollout cost: how long the service served nothing.")
     verification: Verification | None = None
+    quality: GateResult | None = Field(None, description="The quality gate's answers and scores, when it ran.")
     delivery: list[StepResult] = Field(
         default_factory=list, description="Each traffic step (canary, then 100 %) as Cloud Monitoring saw it."
     )
@@ -95,6 +97,8 @@ class PromotionReport(BaseModel):
         if errors:  # what to fix comes first on a refusal, each finding whole (its message ends with the fix)
             lines += ["**Fix these first:**", "", *[f"- {_md(f)}" for f in errors], ""]
         lines += ["| | |", "|---|---|", *self._key_figures(), ""]
+        if self.quality:  # both revisions' answers, beside the scores the verdict rests on
+            lines += table(self.quality)
         if self.delivery:  # what the service's own metrics said at each traffic step, beside what the run did
             lines += ["## Traffic steps", "", STEPS_HEADER, "|---|---|---|---|---|---|---|---|---|",
                       *[_step_row(step) for step in self.delivery], ""]  # fmt: skip

@@ -99,8 +99,10 @@ def test_promote_model_runs_from_its_deployment_and_reports(server, sandbox, san
     assert re.search(verified, text), text
     steps = re.findall(r"^\| ([a-z ]+) \| (\d+\.\d\d) \| (yes|FAILED) \|$", text, re.MULTILINE)
     assert [name for name, _, _ in steps] == ["preflight", "resolve", "check service", "room", "infrastructure",
-                                              "stage", "image", "render", "deploy candidate", "verify", "promote",
-                                              "invokers"]  # fmt: skip
+                                              "stage", "image", "render", "deploy candidate", "verify",
+                                              "quality gate", "promote", "invokers"]  # fmt: skip
+    # The model file's quality set, answered by the candidate alone (a first deploy: the floor only).
+    assert "**quality gate passed: candidate " in text and "scored 1.00 (4/4); no serving revision answered" in text
     # A first deploy is not watched (nothing to go back to), and the report says so instead of a watch not judged.
     assert "| watch 100 % |" not in text and "| note | watch skipped: a first deploy" in text
     assert {ok for _, _, ok in steps} == {"yes"}

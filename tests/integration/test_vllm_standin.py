@@ -378,3 +378,25 @@ def test_crash_at_start_fault(launch: Launcher, root: Path) -> None:
     assert inst.wait_exit() == 1
     assert "RuntimeError: CUDA error: an illegal memory access" in inst.output
     assert "Loading weights took" in inst.output, "the crash comes after loading"
+
+
+@pytest.mark.parametrize("wrong_answers", [False, True])
+def test_the_model_knows_its_configs_answers_unless_it_answers_wrong(
+    launch: Launcher, root: Path, wrong_answers: bool
+) -> None:
+    config = root / MODEL_PATH.lstrip("/") / "config.json"
+    known = {"What is the capital of France?": "The capital of France is Paris."}
+    config.write_text(json.dumps({**json.loads(config.read_text()), "sandbox_answers": known}))
+    inst = launch(serve(), root=root, faults={"wrong_answers": True} if wrong_answers else None)
+    inst.wait_ready()
+    asked = chat(inst.url, MODEL_PATH, " What is the capital of France?\n", temperature=0, max_tokens=16)
+    assert asked.status_code == 200, asked.text
+    answer = asked.json()["choices"][0]
+    assert (answer["message"]["content"] == "The capital of France is Paris.") is not wrong_answers
+    assert ("Paris" in answer["message"]["content"]) is not wrong_answers  # the fault never says the known answer
+    assert asked.json()["usage"]["completion_tokens"] > 0 and (wrong_answers or answer["finish_reason"] == "stop")
+    cut = chat(inst.url, MODEL_PATH, "What is the capital of France?", max_tokens=3).json()["choices"][0]
+    assert cut["finish_reason"] == "length"
+    assert (cut["message"]["content"] == "The capital of") is not wrong_answers
+    other = chat(inst.url, MODEL_PATH, max_tokens=40).json()["choices"][0]["message"]["content"]
+    assert "Paris" not in other, "a prompt it does not know gets the deterministic words"
