@@ -13,6 +13,7 @@ from sandbox.hub.blobs import Blob
 from sandbox.hub.models import add_commit, create_branch, generate_model_repo, regenerate_weights, tag
 from sandbox.hub.repo import OWNER_USER, VISITOR_USER, Repo
 from sandbox.hub.tiny_llama import tiny_llama_repo
+from sandbox.hub.tiny_llama_qa import tiny_llama_qa_repo
 
 MIB = 1024 * 1024
 
@@ -99,6 +100,9 @@ def seed_default_repos(state: HubState) -> None:
     - ``sandbox/private-chat``: private, readable only with SANDBOX_HF_TOKEN.
     - ``sandbox/tiny-llama``: public, a real 2-layer Llama (2.9 MB) the real engine serves (``--engine vllm``);
       the stand-in serves it too, so deployments/sandbox/tiny-llama.yaml runs on either.
+    - ``sandbox/tiny-llama-qa``: public, the same family trained to answer its quality set (0.8 MB, weights kept
+      in git); the stand-in answers from its ``sandbox_answers.json``, so deployments/sandbox/tiny-llama-qa.yaml
+      runs on either too.
     """
     tiny = generate_model_repo("sandbox/tiny-chat", weight_bytes=4 * MIB, shards=2, answers=TINY_CHAT_ANSWERS)
     first = tiny.branches["main"]
@@ -117,3 +121,4 @@ def seed_default_repos(state: HubState) -> None:
     private = generate_model_repo("sandbox/private-chat", private=True, **small)
     state.add_repo(private, replace=True)
     state.add_repo(tiny_llama_repo(), replace=True)
+    state.add_repo(tiny_llama_qa_repo(), replace=True)
