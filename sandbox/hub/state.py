@@ -101,8 +101,8 @@ def seed_default_repos(state: HubState) -> None:
     - ``sandbox/tiny-llama``: public, a real 2-layer Llama (2.9 MB) the real engine serves (``--engine vllm``);
       the stand-in serves it too, so deployments/sandbox/tiny-llama.yaml runs on either.
     - ``sandbox/tiny-llama-qa``: public, the same family trained to answer its quality set (0.8 MB, weights kept
-      in git); the stand-in answers from its ``sandbox_answers.json``, so deployments/sandbox/tiny-llama-qa.yaml
-      runs on either too.
+      in git); the stand-in answers from its config.json's ``sandbox_answers``, so
+      deployments/sandbox/tiny-llama-qa.yaml runs on either too.
     """
     tiny = generate_model_repo("sandbox/tiny-chat", weight_bytes=4 * MIB, shards=2, answers=TINY_CHAT_ANSWERS)
     first = tiny.branches["main"]

@@ -10,8 +10,8 @@ template with greedy decoding, each answer ending with ``<|eot_id|>``, and to kn
 Trained once, kept in git: the weights are ``tiny_llama_qa.safetensors`` beside this module (bf16, ~0.5 MB), made
 by ``.engine/bin/python -m sandbox.engine.train_qa`` (seeded, CPU, one thread, ~15 s on 2 busy cores). Not by
 ``make engine``: ``make test`` has no torch and the sandbox Hub publishes this repo at start-up with or without the
-engine, so the stand-in path (which answers from ``sandbox_answers.json``) needs the file too; and a file in git
-is the same bytes on every machine, while a retrain is byte-identical only on the same torch build and CPU family
+engine, so the stand-in path (which answers from config.json's ``sandbox_answers``) needs the repo too; and a file in
+git is the same bytes on every machine, while a retrain is byte-identical only on the same torch build and CPU family
 (float reductions differ across kernels). ``python -m sandbox.engine.train_qa --check`` retrains and compares.
 
 The engine tests push two bad commits on ``main`` (``commit_body``): ``shuffled`` (every tensor's values permuted:
@@ -38,7 +38,6 @@ from sandbox.safetensors_format import TensorSpec, build_header, parse_header
 REPO_ID = "sandbox/tiny-llama-qa"
 DIMS = tl.TinyLlamaDims(hidden=128, intermediate=256, heads=2, kv_heads=2)
 WEIGHTS = Path(__file__).with_name("tiny_llama_qa.safetensors")
-ANSWERS_FILE = "sandbox_answers.json"  # sandbox only: what the stand-in vLLM answers (the real engine ignores it)
 
 # The quality set's prompts and the answers trained in (deployments/sandbox/tiny-llama-qa.yaml and its .jsonl
 # give the expectations). Short factual and formatting prompts, as the issue asks.
@@ -90,9 +89,11 @@ def generation_config_json() -> str:
     return json.dumps({"bos_token_id": 256, "eos_token_id": 257, "temperature": 0.0})
 
 
-def answers_json() -> str:
-    """``sandbox_answers.json``: {prompt: answer}, read by the stand-in vLLM to answer as this model would."""
-    return json.dumps(dict(QA), indent=2, ensure_ascii=False)
+def config_json() -> str:
+    """tiny_llama's config with the sandbox-only key ``sandbox_answers`` ({prompt: answer}): what the stand-in vLLM
+    answers as this model would (sandbox/vllm/textgen.py). The real engine ignores an unknown config key
+    (transformers keeps it as an attribute), and staging copies config.json, so the key reaches the instance."""
+    return json.dumps({**json.loads(tl.config_json(DIMS)), "sandbox_answers": dict(QA)}, indent=2) + "\n"
 
 
 def config_files() -> dict[str, str]:
@@ -100,16 +101,15 @@ def config_files() -> dict[str, str]:
     readme = (
         f"---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# {REPO_ID}\n\n"
         "A 2-layer Llama (hidden 128) trained to answer a small quality set, for the quality gate on the real "
-        f"vLLM engine. {ANSWERS_FILE} is the sandbox stand-in's copy of those answers.\n"
+        "vLLM engine. config.json's sandbox_answers is the sandbox stand-in's copy of those answers.\n"
     )
     return {
         "README.md": readme,
-        "config.json": tl.config_json(DIMS),
+        "config.json": config_json(),
         "generation_config.json": generation_config_json(),
         "tokenizer.json": tl.tokenizer_json(),
         "tokenizer_config.json": tl.tokenizer_config_json(DIMS),
         "special_tokens_map.json": json.dumps({"bos_token": tl.BEGIN, "eos_token": tl.END, "pad_token": tl.END}),
-        ANSWERS_FILE: answers_json(),
     }
 
 

@@ -14,7 +14,7 @@ from blocks import GcpTarget, ImageBuild, ServingProfile
 from tasks.common import clients
 from tasks.image.builds import ImageBuildError, build_image, resolve_image
 from tasks.image.images import build_plan, content_tag
-from tasks.infra import build_identity, ensure
+from tests.support.build_target import fresh_build_target
 
 # The target fixture's grants are the product's, made right before each build; a push denied while the repository's
 # grant propagates is built again as one more attempt (test_build_identity.py covers it); these tests count attempts.
@@ -33,13 +33,7 @@ ENTRYPOINT ["vllm", "serve"]
 
 @pytest.fixture
 def target(sandbox_target) -> GcpTarget:
-    n = next(_ids)
-    fresh = sandbox_target.model_copy(update={"bucket": f"builds-test-{n}", "artifact_repository": f"builds-{n}"})
-    ensure.ensure_bucket(fresh)
-    ensure.ensure_build_bucket(fresh)
-    ensure.ensure_artifact_registry(fresh)
-    build_identity.ensure_build_identity(fresh)  # the ensure-infrastructure step's grants for builds
-    return fresh
+    return fresh_build_target(sandbox_target, "builds-test", "builds")
 
 
 def folder(tmp_path: Path, dockerfile: str = VLLM_LIKE, scm: bool = False) -> Path:

@@ -24,7 +24,7 @@ from googleapiclient import discovery
 from blocks import GcpTarget, ImageBuild
 from tasks.common import clients
 from tasks.image.builds import ImageBuildError, build_image
-from tasks.infra import build_identity, ensure
+from tests.support.build_target import fresh_build_target
 
 pytestmark = pytest.mark.usefixtures("grants_propagated")  # the product's build grants, made right before the build
 _ids = itertools.count()
@@ -46,13 +46,7 @@ print("six", six.__version__)
 
 @pytest.fixture
 def target(sandbox_target) -> GcpTarget:
-    n = next(_ids)
-    fresh = sandbox_target.model_copy(update={"bucket": f"jobenv-{n}", "artifact_repository": f"jobenv-{n}"})
-    ensure.ensure_bucket(fresh)
-    ensure.ensure_build_bucket(fresh)
-    ensure.ensure_artifact_registry(fresh)
-    build_identity.ensure_build_identity(fresh)
-    return fresh
+    return fresh_build_target(sandbox_target, "jobenv", "jobenv")
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ admin API (here on a branch of their own, so the session's main stays the traine
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def test_the_sandbox_hub_serves_tiny_llama_qa_as_kept_in_git(sb: SandboxHandle, 
     files = download(sb, tmp_path / "m")
     assert files == qa.tiny_llama_qa_files()
     assert sum(map(len, files.values())) < 1_000_000
-    assert "sandbox_answers.json" in files  # what the stand-in answers; the engine ignores it
+    assert json.loads(files["config.json"])["sandbox_answers"] == dict(qa.QA)  # the stand-in's; the engine ignores it
 
 
 def test_a_bad_commit_is_a_new_revision_with_shuffled_weights_and_the_good_one_restores_them(
