@@ -31,6 +31,7 @@ SANDBOX_EXTRA = {
     "proto": "proto-plus",
     "prometheus_client": "prometheus-client",
     "trustme": "trustme",
+    "uv": "uv",
 }
 INSTALL_EXTRA = "pip install -e '.[sandbox]'"
 # What `up` writes into its --state-dir. INFO_FILE is sandbox.runtime's, not imported from there: that module loads
