@@ -41,10 +41,12 @@ VERIFY = VerifyOptions(health_period_s=0.5)
 # Monitoring), so its canary watch reads the engine's TTFT, time per output token and finishes while users stream.
 PROFILE = "engine-cpu-metrics"
 # Enough real answers to be judged: ten sampling periods (6 s of the sandbox clock; a real engine on two loaded cores
-# streams a few answers in them, not always in three). No latency limits that two busy cores could break: the figures
-# must come from the engine, not pass a bar.
-WATCH = WatchOptions(samples=10, min_requests=3, max_error_ratio=0.0, max_p95_ms="off", max_ttft_p95_ms=600_000,
-                     max_tpot_p95_ms=600_000)  # fmt: skip
+# streams a few answers in them, not always in three). Latency limits far above what two busy cores give a 2-layer
+# model (the figures must come from the engine, not pass a bar), yet within what the quality gate's budget allows:
+# preflight prices the model file's quality set at these speeds against the verify window (3 prompts, 20 tokens:
+# 3 x 20 s + 20 x 2 s = 100 s of 120).
+WATCH = WatchOptions(samples=10, min_requests=3, max_error_ratio=0.0, max_p95_ms="off", max_ttft_p95_ms=20_000,
+                     max_tpot_p95_ms=2_000)  # fmt: skip
 
 
 def vllm_dist_dirs() -> set[str]:
