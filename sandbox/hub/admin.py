@@ -7,7 +7,8 @@ repo or revision) or 409 (repo exists). Work that hashes weights runs in a worke
   tags: {name: sha}, commits: [{sha, parent, message, date}] (newest first), generator}``.
 - ``POST /repos`` ``{repo_id, private?, gated?: false|"auto"|"manual", replace?, message?, ...ModelSpec}``
   (ModelSpec: weight_bytes, shards, dtype, include_bin_duplicate, bin_bytes, include_original,
-  original_bytes, seed, context_length, architecture, model_type) -> ``RepoDetail`` of a generated model.
+  original_bytes, seed, context_length, architecture, model_type, answers, reference) -> ``RepoDetail`` of a
+  generated model.
 - ``POST /repos/from-folder`` ``{repo_id, folder, private?, gated?, replace?, message?}`` -> ``RepoDetail``.
 - ``GET /repos/{ns}/{name}?revision=main`` -> ``RepoDetail`` = summary + ``{revision, sha, files: [{path,
   size, oid, lfs_sha256}]}`` at that revision.

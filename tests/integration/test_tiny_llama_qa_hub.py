@@ -24,7 +24,9 @@ def test_the_sandbox_hub_serves_tiny_llama_qa_as_kept_in_git(sb: SandboxHandle, 
     files = download(sb, tmp_path / "m")
     assert files == qa.tiny_llama_qa_files()
     assert sum(map(len, files.values())) < 1_000_000
-    assert json.loads(files["config.json"])["sandbox_answers"] == dict(qa.QA)  # the stand-in's; the engine ignores it
+    config = json.loads(files["config.json"])
+    assert config["sandbox_answers"] == dict(qa.QA)  # the stand-in's; the engine ignores it
+    assert config["sandbox_reference"] == [qa.REFERENCE_TEXT]  # what the stand-in knows by heart
 
 
 def test_a_bad_commit_is_a_new_revision_with_shuffled_weights_and_the_good_one_restores_them(

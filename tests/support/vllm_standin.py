@@ -28,6 +28,9 @@ from sandbox.safetensors_format import TensorSpec, build_header
 from sandbox.serving import LOOPBACK, free_port
 
 TIME_SCALE = 0.001
+# The checkout these tests belong to: the child imports its sandbox package, not the one the venv's editable install
+# points at (another checkout, when the tests run from a git worktree).
+CHECKOUT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 15.0
 MODEL_PATH = "/models/tiny"
 CONFIG = {
@@ -175,6 +178,7 @@ def launch() -> Iterator[Launcher]:
         contract = {
             "PATH": os.environ.get("PATH", ""),
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(CHECKOUT),
             "PORT": str(container_port),
             "SANDBOX_IMAGE_ENTRYPOINT": entrypoint,
             "SANDBOX_PORT_MAP": json.dumps({str(container_port): host_port}),

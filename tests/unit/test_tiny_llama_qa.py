@@ -64,6 +64,7 @@ def test_the_repo_is_a_small_llama_that_vllms_cpu_build_loads():
     assert len(tokenizer["model"]["vocab"]) == config["vocab_size"]
     assert json.loads(files["tokenizer_config.json"])["chat_template"] == tl.CHAT_TEMPLATE
     assert config["sandbox_answers"] == dict(qa.QA)  # what the stand-in answers; the real engine ignores the key
+    assert config["sandbox_reference"] == [qa.REFERENCE_TEXT]  # what the stand-in knows by heart (its perplexity)
 
     weights = files["model.safetensors"]
     header = parse_header(weights)
