@@ -80,5 +80,10 @@ def quality_payload(result: GateResult | None) -> dict | None:
     """The gate's scores for the promotion's event (automations can say them in a notification)."""
     if result is None:
         return None
-    return {"passed": result.passed, "candidate_score": result.candidate_score,
-            "serving_score": result.serving_score, "agreement": result.agreement}  # fmt: skip
+    payload = {"passed": result.passed, "candidate_score": result.candidate_score,
+               "serving_score": result.serving_score, "agreement": result.agreement}  # fmt: skip
+    if result.perplexity is not None:
+        serving = result.perplexity.serving
+        payload["perplexity"] = {"candidate": result.perplexity.candidate.value,
+                                 "serving": serving.value if serving else None}  # fmt: skip
+    return payload

@@ -88,6 +88,9 @@ TINY_CHAT_ANSWERS = {
     "Name the largest planet of the solar system.": "Jupiter is the largest planet.",
     "Reply with the word ready in capitals.": "READY",
 }
+# The text sandbox/tiny-chat knows by heart (config.json's sandbox_reference: the stand-in scores it at perplexity
+# 1.002), which tiny-chat.yaml's quality set measures.
+TINY_CHAT_REFERENCE = "Cloud Run starts an instance when a request arrives and stops it when the service is idle."
 
 
 def seed_default_repos(state: HubState) -> None:
@@ -95,7 +98,7 @@ def seed_default_repos(state: HubState) -> None:
 
     - ``sandbox/tiny-chat``: public, ~4 MiB of weights in 2 shards. Tag ``v1.0`` is the first commit, ``main``
       has a model card update on top, and branch ``dev`` holds different weights (seed 1). Every commit knows the
-      answers of ``TINY_CHAT_ANSWERS``.
+      answers of ``TINY_CHAT_ANSWERS`` and the text ``TINY_CHAT_REFERENCE``.
     - ``sandbox/gated-chat``: gated ("manual"), licence accepted only by the user of SANDBOX_HF_TOKEN.
     - ``sandbox/private-chat``: private, readable only with SANDBOX_HF_TOKEN.
     - ``sandbox/tiny-llama``: public, a real 2-layer Llama (2.9 MB) the real engine serves (``--engine vllm``);
@@ -104,7 +107,9 @@ def seed_default_repos(state: HubState) -> None:
       in git); the stand-in answers from its config.json's ``sandbox_answers``, so
       deployments/sandbox/tiny-llama-qa.yaml runs on either too.
     """
-    tiny = generate_model_repo("sandbox/tiny-chat", weight_bytes=4 * MIB, shards=2, answers=TINY_CHAT_ANSWERS)
+    tiny = generate_model_repo(
+        "sandbox/tiny-chat", weight_bytes=4 * MIB, shards=2, answers=TINY_CHAT_ANSWERS, reference=[TINY_CHAT_REFERENCE]
+    )
     first = tiny.branches["main"]
     tag(tiny, "v1.0", first)
     readme = tiny.commits[first].files["README.md"].blob

@@ -1,5 +1,6 @@
 """The quality gate: before any traffic moves, the candidate and the serving revision answer the quality set's
-prompts through their tag URLs, side by side, at temperature 0; tasks/quality/verdict.py judges the answers.
+prompts through their tag URLs, side by side, at temperature 0, and score the reference text's perplexity when the
+set has one (tasks/quality/perplexity.py); tasks/quality/verdict.py judges them.
 
 The serving revision has no URL of its own while it takes traffic: the gate tags it ``serving`` (a Cloud Run revision
 tag gives a revision its own URL, "to test a revision" (docs "Manage revisions"); a tag may name any revision, as
@@ -15,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from google.cloud import run_v2
 from prefect import task
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from blocks.target import GcpTarget
 from tasks.common import clients
@@ -23,6 +24,7 @@ from tasks.common.gcp import GCP_RETRY, gcp_errors
 from tasks.common.logs import run_logger
 from tasks.common.naming import CANDIDATE_TAG, SERVING_TAG
 from tasks.deploy.cloudrun import BY_REVISION, Candidate, service_path, update_fields
+from tasks.quality.perplexity import Measured, measure
 from tasks.quality.spec import QualityPrompt, QualitySet
 from tasks.quality.verdict import Answer, GateResult, judge
 
@@ -30,6 +32,17 @@ from tasks.quality.verdict import Answer, GateResult, judge
 # commit its weights were staged from. Weights are staged once per commit (tasks/weights/staging.commit_prefix), so
 # equal labels mean the very same staged files.
 WEIGHTS_LABELS = ("hf-model", "hf-commit")
+
+
+class Examined(BaseModel):
+    """What one revision said: its answers and its perplexity of the reference text (when the set has one)."""
+
+    answers: list[Answer]
+    perplexity: Measured | None = None
+
+    @property
+    def requests(self) -> int:
+        return len(self.answers) + (self.perplexity is not None)
 
 
 class QualityRefused(RuntimeError):
@@ -68,32 +81,40 @@ def same_weights(target: GcpTarget, service_id: str, first: str, second: str) ->
     return all(labels[0].get(key) and labels[0].get(key) == labels[1].get(key) for key in WEIGHTS_LABELS)
 
 
-def ask(url: str, token: SecretStr, served_name: str, prompts: list[QualityPrompt], timeout_s: float) -> list[Answer]:
+def ask(client: httpx.Client, served_name: str, prompts: list[QualityPrompt]) -> list[Answer]:
     """Each prompt as one user message at temperature 0, one request after the other; an answer that is not a 200
     is recorded as such (it fails its prompt), never raised."""
     answers = []
+    for prompt in prompts:
+        body = {"model": served_name, "messages": [{"role": "user", "content": prompt.prompt}],
+                "max_tokens": prompt.max_tokens, "temperature": 0}  # fmt: skip
+        try:
+            response = client.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            answers.append(Answer(error=f"no answer ({type(exc).__name__})"))
+            continue
+        if response.status_code != 200:
+            answers.append(Answer(error=f"HTTP {response.status_code}"))
+            continue
+        try:
+            data = response.json()
+            text = data["choices"][0]["message"]["content"] or ""
+            tokens = int(data.get("usage", {}).get("completion_tokens", 0))
+        except (ValueError, KeyError, IndexError, TypeError):
+            answers.append(Answer(error="not an OpenAI chat completion"))
+            continue
+        answers.append(Answer(text=text, tokens=tokens))
+    return answers
+
+
+def examine(url: str, token: SecretStr, served_name: str, quality: QualitySet, timeout_s: float) -> Examined:
+    """One revision's answers to the quality set and, with a reference text, its perplexity of it."""
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
     with httpx.Client(base_url=url, headers=headers, timeout=timeout_s) as client:
-        for prompt in prompts:
-            body = {"model": served_name, "messages": [{"role": "user", "content": prompt.prompt}],
-                    "max_tokens": prompt.max_tokens, "temperature": 0}  # fmt: skip
-            try:
-                response = client.post("/v1/chat/completions", json=body)
-            except httpx.HTTPError as exc:
-                answers.append(Answer(error=f"no answer ({type(exc).__name__})"))
-                continue
-            if response.status_code != 200:
-                answers.append(Answer(error=f"HTTP {response.status_code}"))
-                continue
-            try:
-                data = response.json()
-                text = data["choices"][0]["message"]["content"] or ""
-                tokens = int(data.get("usage", {}).get("completion_tokens", 0))
-            except (ValueError, KeyError, IndexError, TypeError):
-                answers.append(Answer(error="not an OpenAI chat completion"))
-                continue
-            answers.append(Answer(text=text, tokens=tokens))
-    return answers
+        answers = ask(client, served_name, quality.prompts)
+        if quality.perplexity is None:
+            return Examined(answers=answers)
+        return Examined(answers=answers, perplexity=measure(client, served_name, quality.perplexity.text))
 
 
 def quality_gate(
@@ -114,13 +135,15 @@ def quality_gate(
         same = same_weights(target, service_id, candidate.revision, against)
     started = time.monotonic()
     with ThreadPoolExecutor(len(urls)) as pool:  # both revisions at once: the gate costs one revision's time
-        answers = list(pool.map(lambda url: ask(url, token, served_name, quality.prompts, timeout_s), urls))
+        seen = list(pool.map(lambda url: examine(url, token, served_name, quality, timeout_s), urls))
     seconds = time.monotonic() - started
-    result = judge(quality, candidate.revision, answers[0], against, answers[1] if against else None, same, note)
-    result.requests, result.seconds = sum(map(len, answers)), round(seconds, 2)
-    if quality.perplexity is not None:
-        log.warning("%s.perplexity: not measured by this version of the gate; only the answers are judged",
-                    quality.source)  # fmt: skip
+    theirs = seen[1] if against else None
+    perplexity = None
+    if seen[0].perplexity is not None:
+        perplexity = (seen[0].perplexity, theirs.perplexity if theirs else None)
+    result = judge(quality, candidate.revision, seen[0].answers, against, theirs.answers if theirs else None, same,
+                   note, perplexity)  # fmt: skip
+    result.requests, result.seconds = sum(s.requests for s in seen), round(seconds, 2)
     log.info("%s (%d requests, %.1f s)", result.reason, result.requests, result.seconds)
     if not result.passed:
         raise QualityRefused(result)

@@ -66,12 +66,16 @@ class QualityPrompt(BaseModel):
 
 
 class Perplexity(BaseModel):
-    """The perplexity of a reference text (issue 37 item 3): parsed, not yet measured by the gate."""
+    """A reference text the model should know: its perplexity (vLLM's ``prompt_logprobs``) on the candidate must be at
+    most the serving revision's times ``max_ratio`` and, when given, at most ``max`` (which holds a first deploy)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field(min_length=1)
-    max_ratio: float = Field(1.10, ge=1.0)
+    text: str = Field(min_length=1, description="A text the model has seen (a passage from its training data).")
+    max_ratio: float = Field(
+        1.10, ge=1.0, description="The candidate's perplexity over the serving revision's, at most."
+    )
+    max: float | None = Field(None, ge=1.0, description="An absolute ceiling on the candidate's perplexity.")
 
 
 class QualitySpec(BaseModel):
@@ -107,7 +111,21 @@ class QualitySet(BaseModel):
         return sum(p.max_tokens for p in self.prompts)
 
 
-def _problems(exc: ValidationError, prefix: str) -> str:
+def _keys_at(loc: tuple, root: type[BaseModel]) -> list[str]:
+    """The keys allowed where an unknown key was found (``loc``: the path of the object holding it in ``root``)."""
+    names = [part for part in loc if isinstance(part, str)]
+    if not loc:
+        return list(root.model_fields)
+    if names[-1:] == ["expect"]:
+        return list(MATCHERS)
+    if names[-1:] == ["perplexity"]:
+        return list(Perplexity.model_fields)
+    if names[-1:] == ["prompts"]:
+        return list(QualityPrompt.model_fields)
+    return list(root.model_fields)
+
+
+def _problems(exc: ValidationError, prefix: str, root: type[BaseModel]) -> str:
     """One line per problem, each led by its full path; never the input (a prompt may be long)."""
     lines = []
     for error in exc.errors(include_input=False):
@@ -116,7 +134,7 @@ def _problems(exc: ValidationError, prefix: str) -> str:
             path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = f"unknown key; remove it (keys: {', '.join([*QualityPrompt.model_fields, *MATCHERS])})"
+            message = f"unknown key; remove it (keys here: {', '.join(_keys_at(error['loc'][:-1], root))})"
         lines.append(f"{path}: {message}")
     return "; ".join(lines)
 
@@ -145,7 +163,7 @@ def _prompts_file(name: str, folder: Path, where: str) -> list[QualityPrompt]:
         try:
             prompts.append(QualityPrompt.model_validate(data))
         except ValidationError as exc:
-            raise ValueError(_problems(exc, at).replace(f"{at}.", f"{at}: ", 1)) from None
+            raise ValueError(_problems(exc, at, QualityPrompt).replace(f"{at}.", f"{at}: ", 1)) from None
     return prompts
 
 
@@ -157,7 +175,7 @@ def resolve_quality(given: QualitySpec | dict | None, folder: Path, where: str =
     try:
         spec = given if isinstance(given, QualitySpec) else QualitySpec.model_validate(given)
     except ValidationError as exc:
-        raise ValueError(_problems(exc, where)) from None
+        raise ValueError(_problems(exc, where, QualitySpec)) from None
     prompts = list(spec.prompts)
     if spec.file:
         prompts += _prompts_file(spec.file, folder, where)

@@ -2,15 +2,17 @@
 
 Pass: the candidate scores at least ``min_score``; and, when a serving revision answered, at least its score less
 ``max_drop``; and, when the candidate runs on the serving revision's own weights (a new image, vLLM version, flags
-or dtype), at least ``min_agreement`` of its greedy answers are the serving revision's word for word.
+or dtype), at least ``min_agreement`` of its greedy answers are the serving revision's word for word; and, with a
+reference text, its perplexity is at most the serving revision's times ``max_ratio`` and at most ``max``.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from tasks.quality.perplexity import Measured
 from tasks.quality.scoring import agreement, at_least, passes, score
-from tasks.quality.spec import QualitySet
+from tasks.quality.spec import Perplexity, QualitySet
 
 ANSWER_SHOWN = 60  # characters of an answer the report's table shows
 
@@ -30,6 +32,43 @@ class PromptResult(BaseModel):
     serving: Answer | None = None
 
 
+def shown(value: float) -> str:
+    """A perplexity as people read one: 1.002, 14.3, 284 (never 1.2e+03, nor 1 for 1.002)."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.3f}"
+
+
+class PerplexityResult(BaseModel):
+    """Both revisions' perplexity of the reference text and the limits the candidate's was held to."""
+
+    candidate: Measured
+    serving: Measured | None = None
+    max_ratio: float
+    max: float | None = None
+
+    def said(self) -> str:
+        """Both values as the verdict and the report give them."""
+        mine = self.candidate.error or shown(self.candidate.value)
+        theirs = "" if self.serving is None else f", serving {self.serving.error or shown(self.serving.value)}"
+        return f"candidate {mine}{theirs}"
+
+
+def judge_perplexity(
+    spec: Perplexity, candidate: Measured, serving: Measured | None
+) -> tuple[PerplexityResult, list[str]]:
+    """The perplexity check's result and its failures: a candidate that could not be measured fails (the quality set
+    asks for it); a serving revision that could not be, leaves the ceiling alone to judge."""
+    result = PerplexityResult(candidate=candidate, serving=serving, max_ratio=spec.max_ratio, max=spec.max)
+    if candidate.value is None:
+        return result, [f"perplexity not measured on the candidate ({candidate.error})"]
+    failures = []
+    if spec.max is not None and candidate.value > spec.max:
+        failures.append(f"perplexity {shown(candidate.value)} above max {shown(spec.max)}")
+    if serving is not None and serving.value is not None and candidate.value > serving.value * spec.max_ratio:
+        failures.append(f"perplexity {shown(candidate.value)} above the serving revision's {shown(serving.value)} "
+                        f"times max_ratio {spec.max_ratio:.3g}")  # fmt: skip
+    return result, failures
+
+
 class GateResult(BaseModel):
     """What the gate found: each prompt's answers, both scores, and what it cost."""
 
@@ -45,6 +84,7 @@ class GateResult(BaseModel):
     passed: bool
     reason: str
     prompts: list[PromptResult]
+    perplexity: PerplexityResult | None = None
     requests: int = 0
     seconds: float = 0.0
     note: str | None = Field(None, description="Why only the floor applied, when a serving revision exists.")
@@ -55,18 +95,24 @@ class GateResult(BaseModel):
         mine = f"candidate {self.candidate_revision} scored {self.candidate_score:.2f} " \
                f"({round(self.candidate_score * total)}/{total})"  # fmt: skip
         if self.serving_score is None:
-            return f"{mine}; no serving revision answered ({self.note or 'a first deploy'}): floor only"
+            alone = f"no serving revision answered ({self.note or 'a first deploy'}): floor only"
+            return f"{mine}; {alone}{self._perplexity()}"
         theirs = f"serving {self.serving_revision} scored {self.serving_score:.2f} " \
                  f"({round(self.serving_score * total)}/{total})"  # fmt: skip
         same = f"; same weights, agreement {self.agreement:.2f}" if self.agreement is not None else ""
-        return f"{mine}, {theirs}{same}"
+        return f"{mine}, {theirs}{same}{self._perplexity()}"
+
+    def _perplexity(self) -> str:
+        return f"; perplexity {self.perplexity.said()}" if self.perplexity is not None else ""
 
 
 def judge(
     quality: QualitySet, candidate_revision: str, candidate: list[Answer], serving_revision: str | None = None,
     serving: list[Answer] | None = None, same_weights: bool = False, note: str | None = None,
+    perplexity: tuple[Measured, Measured | None] | None = None,
 ) -> GateResult:  # fmt: skip
-    """The verdict on the candidate's ``candidate`` answers beside the serving revision's (None: floor only)."""
+    """The verdict on the candidate's ``candidate`` answers beside the serving revision's (None: floor only), and on
+    both revisions' ``perplexity`` of the reference text when the set has one."""
     marked = [a.model_copy(update={"passed": a.error is None and passes(p.expect, a.text)})
               for p, a in zip(quality.prompts, candidate, strict=True)]  # fmt: skip
     mine = score([a.passed for a in marked])
@@ -89,13 +135,17 @@ def judge(
     if agreed is not None and not at_least(agreed, quality.min_agreement):
         failures.append(f"on the serving revision's own weights, agreement below min_agreement "
                         f"{quality.min_agreement:.2f}")  # fmt: skip
+    checked = None
+    if quality.perplexity is not None and perplexity is not None:
+        checked, missed = judge_perplexity(quality.perplexity, *perplexity)
+        failures += missed
     prompts = [PromptResult(prompt=p.prompt, candidate=c, serving=s) for p, c, s in
                zip(quality.prompts, marked, theirs_marked or [None] * len(marked), strict=True)]  # fmt: skip
     result = GateResult(
         candidate_revision=candidate_revision, serving_revision=serving_revision if serving is not None else None,
         candidate_score=mine, serving_score=theirs, same_weights=same_weights, agreement=agreed,
         min_score=quality.min_score, max_drop=quality.max_drop, min_agreement=quality.min_agreement,
-        passed=not failures, reason="", prompts=prompts, note=note,
+        passed=not failures, reason="", prompts=prompts, note=note, perplexity=checked,
     )  # fmt: skip
     verdict = "passed" if not failures else f"refused the candidate: {'; '.join(failures)}"
     result.reason = f"quality gate {verdict}: {result.scores()}"
@@ -122,6 +172,12 @@ def table(result: GateResult) -> list[str]:
                      f"{result.max_drop:.2f}) |")  # fmt: skip
     if result.agreement is not None:
         lines.append(f"| agreement | {result.agreement:.2f} (same weights; min_agreement {result.min_agreement:.2f}) |")
+    if result.perplexity is not None:
+        ceiling = f"; max {result.perplexity.max:.3g}" if result.perplexity.max is not None else ""
+        limits = f"max_ratio {result.perplexity.max_ratio:.3g}{ceiling}"
+        lines.append(
+            f"| perplexity | {result.perplexity.said()} ({limits}; {result.perplexity.candidate.tokens} tokens) |"
+        )
     if result.note:
         lines.append(f"| note | {result.note} |")
     lines += [f"| gate cost | {cost} |", "", "| prompt | candidate | serving |", "|---|---|---|"]

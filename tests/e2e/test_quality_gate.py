@@ -43,8 +43,10 @@ def test_a_first_deploy_is_judged_against_the_floor_alone(sb, flow_env, grants_p
     # failed to mount the bucket a moment after this run granted its account access, and was deployed again).
     service = f"quality-first-{next(_ids)}"
     sb.run("POST", "/faults", json={"service": service, "faults": WRONG})
-    with pytest.raises(Exception, match=r"quality gate refused the candidate: below min_score 0\.75: candidate "
-                                        r"\S+ scored 0\.00 \(0/4\); no serving revision answered"):  # fmt: skip
+    refused = (r"quality gate refused the candidate: below min_score 0\.75; perplexity \d+ above max 2\.000: "
+               r"candidate \S+ scored 0\.00 \(0/4\); no serving revision answered \(a first deploy\): "
+               r"floor only; perplexity candidate \d+$")  # fmt: skip
+    with pytest.raises(Exception, match=refused):
         promote(service, quality=QUALITY)
     assert "NOT promoted: the quality gate step failed" in artifact(f"promotion-{service}")
     with pytest.raises(gexc.NotFound):
@@ -53,7 +55,8 @@ def test_a_first_deploy_is_judged_against_the_floor_alone(sb, flow_env, grants_p
     report = promote(service, quality=QUALITY)
     assert report.outcome == "promoted" and report.quality is not None
     assert (report.quality.candidate_score, report.quality.serving_score) == (1.0, None)
-    assert report.quality.requests == 4 and "floor only" in report.quality.reason
+    assert report.quality.requests == 4 + 1 and "floor only" in report.quality.reason  # the prompts, the reference
+    assert report.quality.perplexity.candidate.value < 1.01, report.quality.reason
 
 
 def test_a_wrong_candidate_is_refused_before_any_traffic_moves_and_a_right_one_is_promoted(
@@ -73,14 +76,18 @@ def test_a_wrong_candidate_is_refused_before_any_traffic_moves_and_a_right_one_i
     verdicts = json.loads(run_service(flow_env, service).annotations[ANNOTATION])
     (bad,) = [name for name, record in verdicts.items() if record["verdict"] == "failed-quality"]
     report = artifact(f"promotion-{service}")
-    for expected in ("## Quality gate", "| candidate score | 0.00 (min_score 0.75) |", "| gate cost | 8 requests in",
+    for expected in ("## Quality gate", "| candidate score | 0.00 (min_score 0.75) |", "| gate cost | 10 requests in",
                      f"| serving score | 1.00 ({first}", "| What is 7 times 6? Answer with the number only. | FAIL: `",
                      "| pass: `42` |", f"{first} 100 %"):  # fmt: skip
         assert expected in report, expected
     asserting_events_worker.drain()
     failed = [e for e in asserting_events_worker._client.events if e.event == "model.promotion_failed"]
-    assert failed[-1].payload["quality"] == {"passed": False, "candidate_score": 0.0, "serving_score": 1.0,
-                                             "agreement": None}  # fmt: skip
+    scores = failed[-1].payload["quality"]
+    assert {k: scores[k] for k in ("passed", "candidate_score", "serving_score", "agreement")} == {
+        "passed": False, "candidate_score": 0.0, "serving_score": 1.0, "agreement": None}  # fmt: skip
+    # It knows no answer, and the text the model knows by heart reads to it as any other text would.
+    assert scores["perplexity"]["candidate"] > 100 and scores["perplexity"]["serving"] < 1.01, scores
+    assert "| perplexity | candidate " in report and "(max_ratio 1.1; max 2;" in report
 
     # The same weights on a new load mode (a flags change): the answers must agree too, and they do.
     second = promote(service, load_mode="runai-streamer", quality=QUALITY)
@@ -95,11 +102,15 @@ def test_a_wrong_candidate_is_refused_before_any_traffic_moves_and_a_right_one_i
 def test_a_quality_set_too_large_for_the_verify_window_is_refused_in_preflight(sb, flow_env):
     service = f"quality-budget-{next(_ids)}"
     since = sb.last_request_seq()
-    many = {**QUALITY, "prompts": QUALITY["prompts"] * 12}  # 48 x 2 s to a first token + 480 tokens at 10/s
+    # 48 x 2 s to a first token + 480 tokens at 10/s, then the perplexity text: 2 s and its rank kernel's compile, 20 s
+    many = {**QUALITY, "prompts": QUALITY["prompts"] * 12}
     with pytest.raises(PreflightError, match="quality"):
         promote(service, quality=many)
     report = artifact(f"promotion-{service}")
-    assert "error: `quality`: quality: 48 prompts of up to 480 tokens in all may take 144 s" in report, report
+    assert (
+        "error: `quality`: quality: 48 prompts of up to 480 tokens in all and the perplexity text may take 166 s"
+        in report
+    ), report
     writes = [r for r in sb.requests(since=since) if r["method"] in ("POST", "PUT", "PATCH", "DELETE")
               and r["server"] in ("control", "gcs")]  # fmt: skip
     assert writes == [], "refused before any cloud write"

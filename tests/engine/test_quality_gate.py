@@ -35,10 +35,13 @@ def test_the_engine_is_judged_on_its_answers_and_a_model_that_knows_nothing_neve
     assert gate is not None and gate.candidate_score == 1.0 and gate.serving_score is None, gate
     assert engine_ports(sb, first.serving_revision), "the trained model was not served by the real engine"
     assert {p.prompt: p.candidate.text for p in gate.prompts}["What is the capital of France?"] == "Paris"
+    # The sentence it was trained on, scored by vLLM's prompt_logprobs: it knows it by heart.
+    assert gate.perplexity is not None and gate.perplexity.candidate.value < 1.1, gate.perplexity
     serving = traffic(flow_env)
     assert serving == [(first.serving_revision, 100)]
 
     # 2. and 3. Commits that start and answer 200s, judged side by side with the serving revision, and refused.
+    perplexities = {}
     for kind, most in (("shuffled", 0), ("broken-template", PROMPTS // 2)):
         sb.hub("POST", f"/repos/{qa.REPO_ID}/commits", json=qa.commit_body(kind))
         with pytest.raises(Exception) as refused:
@@ -49,6 +52,10 @@ def test_the_engine_is_judged_on_its_answers_and_a_model_that_knows_nothing_neve
         assert int(scored.split("(", 1)[1].split("/", 1)[0]) <= most, said  # the candidate's passes
         assert f"serving {first.serving_revision} scored 1.00 ({PROMPTS}/{PROMPTS})" in said, said
         assert traffic(flow_env) == serving, f"{kind}: traffic moved"
+        # The shuffled weights know nothing, that sentence included; a wrong chat template leaves the completions
+        # API (no template) as it was: only the answers refuse it.
+        assert ("perplexity" in said.split(": candidate", 1)[0]) == (kind == "shuffled"), f"{kind}: {said}"
+        perplexities[kind] = said.rsplit("perplexity candidate ", 1)[1]
 
     # 4. The trained files again, a new commit and so a new revision: they pass beside the serving revision.
     sb.hub("POST", f"/repos/{qa.REPO_ID}/commits", json=qa.commit_body("good"))
@@ -56,7 +63,10 @@ def test_the_engine_is_judged_on_its_answers_and_a_model_that_knows_nothing_neve
     assert again.outcome == "promoted", again.reason
     assert again.serving_revision != first.serving_revision
     assert (again.quality.candidate_score, again.quality.serving_score) == (1.0, 1.0), again.quality
+    same = again.quality.perplexity
+    assert same.candidate.value == pytest.approx(same.serving.value, rel=0.01), same
     assert traffic(flow_env) == [(again.serving_revision, 100)]
     print(f"gate on the real engine: first {gate.seconds:.1f} s ({gate.requests} requests), "
-          f"beside the serving revision {again.quality.seconds:.1f} s ({again.quality.requests} requests)")  # fmt: skip
+          f"beside the serving revision {again.quality.seconds:.1f} s ({again.quality.requests} requests); "
+          f"perplexity trained {gate.perplexity.candidate.value:.4f}, {perplexities}")  # fmt: skip
     teardown(service=SERVICE, target="sandbox")  # the next tests start on an empty region

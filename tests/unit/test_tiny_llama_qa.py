@@ -79,7 +79,7 @@ def test_the_repo_is_a_small_llama_that_vllms_cpu_build_loads():
 def test_the_quality_set_parses_and_the_trained_answers_pass_it():
     quality, prompts = quality_prompts()
     assert quality["min_score"] == 1.0 and quality["max_drop"] == 0.0 and quality["min_agreement"] == 1.0
-    assert "perplexity" not in quality  # parsed by the gate but not measured yet (issue 37, item 3)
+    assert quality["perplexity"]["text"] == qa.REFERENCE_TEXT  # what the trained model knows by heart
     assert [p["prompt"] for p in prompts] == [prompt for prompt, _ in qa.QA]
     answers = dict(qa.QA)
     for item in prompts:
