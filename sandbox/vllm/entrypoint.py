@@ -92,8 +92,8 @@ def run(args: ServeArgs, env: InstanceEnv, log: VllmLog) -> int:
         server = ApiServer(sock, OpenAiApi(engine, clock, log, keys), log, access_log)
         clock.sleep(API_SERVER_START_S)
         host = args.host or "0.0.0.0"
-        log.info("api_server.py:1971", f"Starting vLLM API server 0 on http://{host}:{args.port}")
-        log.info("launcher.py:36", "Available routes are:")
+        log.info("entry.py:140", f"Starting vLLM server on http://{host}:{args.port}")
+        log.info("launcher.py:186", "Available routes are:")
         for route, methods in (
             ("/health", "GET"),
             ("/ping", "GET, POST"),
@@ -103,12 +103,14 @@ def run(args: ServeArgs, env: InstanceEnv, log: VllmLog) -> int:
             ("/v1/chat/completions", "POST"),
             ("/v1/completions", "POST"),
         ):
-            log.info("launcher.py:44", f"Route: {route}, Methods: {methods}")
-        server.start_listening()
-        clock.idle()
+            log.info("launcher.py:195", f"Route: {route}, Methods: {methods}")
+        # uvicorn runs the app's start-up, then listens on the socket vLLM bound (uvicorn/server.py: startup() runs
+        # the lifespan before create_server): "Application startup complete." precedes the first probe that passes.
         log.uvicorn(f"Started server process [{os.getpid()}]")
         log.uvicorn("Waiting for application startup.")
         log.uvicorn("Application startup complete.")
+        server.start_listening()
+        clock.idle()
         published = server.server_port == env.host_port(args.port) and args.host not in LOOPBACK_HOSTS
         where = "where Cloud Run sends probes and requests" if published else "where nothing reaches it"
         log.sandbox(

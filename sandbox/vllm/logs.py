@@ -1,8 +1,12 @@
-"""Log lines shaped like vLLM's, on stdout, so the container log reads like the real one.
+"""Log lines shaped like vLLM's, on the streams vLLM writes them to, so the container log reads like the real one.
 
-vLLM prefixes each line with the process (``APIServer`` or ``EngineCore_DP0``), level, time and source
-location. Durations in these lines are simulated seconds: tests and the Cloud Run stand-in compare them
-instead of wall-clock time. Lines the real vLLM would not print are marked ``[sandbox]``.
+vLLM (0.32.0, vllm/logger.py:28-31) prefixes each line with the process (``APIServer``, ``EngineCore`` or ``Worker``),
+level, time and source location, and logs to stdout (vllm/envs.py ``VLLM_LOGGING_STREAM``, default
+``ext://sys.stdout``). uvicorn's own lines carry no such prefix: its lifecycle lines ("Started server process [N]",
+"Application startup complete.") go to stderr (logger ``uvicorn.error``), its access lines to stdout (logger
+``uvicorn.access``; uvicorn/config.py LOGGING_CONFIG). Durations in these lines are simulated seconds: tests and the
+Cloud Run stand-in compare them instead of wall-clock time. Lines the real vLLM would not print are marked
+``[sandbox]``.
 """
 
 from __future__ import annotations
@@ -14,21 +18,25 @@ import time
 from typing import TextIO
 
 API_SERVER = "APIServer"
-ENGINE_CORE = "EngineCore_DP0"
+ENGINE_CORE = "EngineCore"
+WORKER = "Worker"
+UVICORN_INFO = "INFO:     "  # uvicorn's default formatter: the level name, padded
 
 
 class VllmLog:
     """Writes vLLM-style lines; thread-safe because request threads log access lines concurrently."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, err_stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stdout
+        self._err_stream = err_stream or sys.stderr
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def _emit(self, line: str) -> None:
+    def _emit(self, line: str, stream: TextIO | None = None) -> None:
+        out = stream or self._stream
         with self._lock:
-            self._stream.write(line + "\n")
-            self._stream.flush()
+            out.write(line + "\n")
+            out.flush()
 
     def log(self, level: str, source: str, message: str, process: str = API_SERVER) -> None:
         """One line: ``(APIServer pid=N) INFO 10-06 12:00:41 [api_server.py:1971] message``.
@@ -52,8 +60,12 @@ class VllmLog:
         self.log("ERROR", source, message, process)
 
     def uvicorn(self, message: str) -> None:
-        """A uvicorn line (``INFO:     message``), as vLLM's HTTP server prints them."""
-        self._emit(f"({API_SERVER} pid={self._pid}) INFO:     {message}")
+        """A uvicorn lifecycle line (``INFO:     message``), on stderr."""
+        self._emit(f"{UVICORN_INFO}{message}", self._err_stream)
+
+    def access(self, message: str) -> None:
+        """A uvicorn access line (``INFO:     127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK``), on stdout."""
+        self._emit(f"{UVICORN_INFO}{message}")
 
     def sandbox(self, message: str) -> None:
         """A note from the sandbox itself: what the real container would not say but a reader needs."""

@@ -91,10 +91,13 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _log_access(self, status: int) -> None:
+        # Before the response's first bytes go out, as uvicorn logs it (uvicorn/protocols/http/httptools_impl.py and
+        # h11_impl.py: the access line, then transport.write of the status line and headers): a client that has its
+        # answer finds the line already written.
         if self.server.access_log:
             phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
             host, port = self.client_address[:2]
-            self.server.log.uvicorn(f'{host}:{port} - "{self.command} {self.path} HTTP/1.1" {status} {phrase}')
+            self.server.log.access(f'{host}:{port} - "{self.command} {self.path} HTTP/1.1" {status} {phrase}')
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -158,15 +161,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("content-encoding", response.content_encoding)
         if response.stream is None:
             self.send_header("content-length", str(len(response.body)))
-            self.end_headers()
             self._log_access(response.status)
+            self.end_headers()
             answered()
             if self.command != "HEAD":
                 self.wfile.write(response.body)
             return
         self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
         self._log_access(response.status)
+        self.end_headers()
         try:
             for chunk in response.stream:
                 self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")

@@ -63,7 +63,7 @@ def deployed(sandbox, sandbox_target) -> Iterator[Deployed]:
 
 
 def file_lines(sb, revision: str) -> list[str]:
-    """The revision's container log as the Cloud Run stand-in wrote it (the admin API reads the file)."""
+    """The revision's log as its Logs URL shows it (the sandbox's admin API): its container's lines and Cloud Run's."""
     return [line for line in sb.admin.get(f"/run/logs/{revision}").text.splitlines() if line.strip()]
 
 
@@ -169,9 +169,11 @@ def test_healthy_revision_entries_are_in_time_order_with_unique_ids(sandbox_targ
     stamps = [nanos(e["timestamp"]) for e in ascending]
     assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
     assert len({e["insertId"] for e in ascending}) == len(ascending)
+    # vLLM logs to stdout (DEFAULT severity), uvicorn's start-up lines go to stderr (ERROR, as Cloud Run rates any).
+    server = next(e for e in ascending if "Starting vLLM server on" in e["textPayload"])
+    assert (server["logName"].endswith("run.googleapis.com%2Fstdout"), server["severity"]) == (True, "DEFAULT")
     startup = next(e for e in ascending if STARTUP[-1] in e["textPayload"])
-    assert startup["logName"].endswith("run.googleapis.com%2Fstdout")  # vLLM logs to stdout: DEFAULT severity
-    assert startup["severity"] == "DEFAULT"
+    assert (startup["logName"].endswith("run.googleapis.com%2Fstderr"), startup["severity"]) == (True, "ERROR")
     descending = list_entries(sandbox_target, filter=wanted, pageSize=1000, orderBy="timestamp desc")["entries"]
     assert [e["insertId"] for e in descending] == [e["insertId"] for e in reversed(ascending)]
 

@@ -21,6 +21,7 @@ from google.cloud import storage
 
 from sandbox.gcs import FakeGcs, start_fake_gcs
 from sandbox.serving import LOOPBACK
+from sandbox.vllm.timing import CUDA_GRAPH_CAPTURE_S, KV_CACHE_PROFILE_S, TORCH_COMPILE_S
 from tests.support import vllm_standin
 from tests.support.vllm_standin import MODEL_PATH, Instance, Launcher, chat, port_open, serve, write_model
 
@@ -59,9 +60,9 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
 
 
 def simulated_seconds(instance: Instance, fragment: str) -> float:
-    """The simulated duration a stand-in log line reports (``... took 4.00 seconds``)."""
+    """The simulated duration a stand-in log line reports (``... took 4.00 seconds``, ``... took 334.00 s``)."""
     line = instance.wait_line(fragment)
-    match = re.search(r"took ([0-9.]+) seconds", line)
+    match = re.search(r"took ([0-9.]+) s(?:econds)?\b", line)
     assert match, line
     return float(match.group(1))
 
@@ -204,7 +205,7 @@ def test_port_refuses_connections_while_loading(launch: Launcher, root: Path) ->
         time.sleep(0.05)
     assert refusals >= 1
     inst.wait_ready()
-    inst.wait_line(READY_LINE)  # uvicorn logs it after the listen: on a busy host a moment may pass
+    inst.wait_line(READY_LINE)
 
 
 # --- start-up failures (field lessons) ------------------------------------------------------------------
@@ -263,7 +264,59 @@ def test_without_enforce_eager_startup_compiles_for_minutes(launch: Launcher, ro
     eager_s = simulated_seconds(eager, "init engine")
     compiled_s = simulated_seconds(compiled, "init engine")
     assert compiled_s - eager_s > 300, (eager_s, compiled_s)
-    assert "torch.compile takes" in compiled.output and "torch.compile takes" not in eager.output
+    assert "torch.compile took" in compiled.output and "torch.compile took" not in eager.output
+
+
+INIT_ENGINE = "init engine (profile, create kv cache, warmup model)"
+
+
+def tagged(lines: list[str], tag: str) -> str:
+    """The message of the one line logged at ``[tag]`` (vLLM's ``[file.py:line]``)."""
+    found = [line.split(f"[{tag}] ", 1)[1] for line in lines if f"[{tag}] " in line]
+    assert len(found) == 1, (tag, lines)
+    return found[0]
+
+
+def test_gpu_startup_lines_are_vllm_0_32s_and_report_the_modelled_seconds(launch: Launcher, root: Path) -> None:
+    # The phases a cold start is read from (issue 38), in vLLM 0.32.0's words, tags and processes, on stdout.
+    args = ["vllm", "serve", MODEL_PATH, "--port", "8080", "--host", "0.0.0.0"]
+    inst = launch(args, root=root, faults={"load_seconds": 12.5})
+    inst.wait_ready()
+    assert httpx.get(f"{inst.url}/health").status_code == 200
+    out = inst.streams["stdout"]
+    init_s, init = KV_CACHE_PROFILE_S + TORCH_COMPILE_S + CUDA_GRAPH_CAPTURE_S, INIT_ENGINE
+    phases = [
+        ("gpu_model_runner.py:5039", f"Starting to load model {MODEL_PATH}..."),
+        ("default_loader.py:501", "Loading weights took 12.50 seconds"),
+        ("gpu_model_runner.py:5149", "Model loading took 0.0 GiB memory and 12.500000 seconds"),
+        ("monitor.py:62", f"[backbone] torch.compile took {TORCH_COMPILE_S:.2f} s in total"),
+        ("gpu_model_runner.py:6581", f"Graph capturing finished in {CUDA_GRAPH_CAPTURE_S:.0f} secs, took 0.31 GiB"),
+        ("core.py:395", f"{init} took {init_s:.2f} s (compilation: {TORCH_COMPILE_S:.2f} s)"),
+        ("entry.py:140", "Starting vLLM server on http://0.0.0.0:8080"),
+    ]
+    assert [tagged(out, tag) for tag, _ in phases] == [message for _, message in phases]
+    positions = [next(i for i, line in enumerate(out) if f"[{tag}] " in line) for tag, _ in phases]
+    assert positions == sorted(positions)
+    assert all(re.match(r"\((Worker|EngineCore|APIServer) pid=\d+\) INFO ", out[i]) for i in positions)
+    # uvicorn's lifecycle on stderr, its access lines on stdout, neither with vLLM's prefix.
+    assert [line for line in inst.streams["stderr"] if line.startswith("INFO:")] == [
+        f"INFO:     Started server process [{inst.process.pid}]",
+        "INFO:     Waiting for application startup.",
+        "INFO:     Application startup complete.",
+    ]
+    access = inst.wait_line('"GET /health HTTP/1.1" 200')
+    assert re.fullmatch(r'INFO:     127\.0\.0\.1:\d+ - "GET /health HTTP/1\.1" 200 OK', access)
+    assert access in inst.streams["stdout"]
+
+
+def test_cpu_startup_lines_have_no_compile_or_gpu_runner_phases(launch: Launcher, root: Path) -> None:
+    inst = launch([MODEL_PATH, "--port", "8080"], root=root, **CPU_IMAGE, env=CPU_ENV_OK)
+    inst.wait_ready()
+    out = inst.streams["stdout"]
+    assert tagged(out, "cpu_model_runner.py:68") == f"Starting to load model {MODEL_PATH}..."
+    assert tagged(out, "default_loader.py:501").startswith("Loading weights took ")
+    assert tagged(out, "core.py:402") == f"{INIT_ENGINE} took {KV_CACHE_PROFILE_S:.2f} s"
+    assert not any(text in inst.output for text in ("Model loading took", "torch.compile", "Graph capturing"))
 
 
 def _no_config(directory: Path) -> None:

@@ -75,21 +75,23 @@ class Instance:
     process: subprocess.Popen
     host_port: int
     lines: list[str] = field(default_factory=list)
+    streams: dict[str, list[str]] = field(default_factory=lambda: {"stdout": [], "stderr": []})  # ``lines`` by pipe
     _open_streams: int = 2
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def _pump(self, stream: IO[str]) -> None:
+    def _pump(self, stream: IO[str], name: str) -> None:
         for raw in stream:
             with self._changed:
                 self.lines.append(raw.rstrip("\n"))
+                self.streams[name].append(raw.rstrip("\n"))
                 self._changed.notify_all()
         with self._changed:
             self._open_streams -= 1
             self._changed.notify_all()
 
     def start_reading(self) -> None:
-        for stream in (self.process.stdout, self.process.stderr):
-            threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+        for stream, name in ((self.process.stdout, "stdout"), (self.process.stderr, "stderr")):
+            threading.Thread(target=self._pump, args=(stream, name), daemon=True).start()
 
     @property
     def output(self) -> str:

@@ -2,10 +2,11 @@
 
 ``POST /v2/entries:list`` with ``{resourceNames: ["projects/P"], filter, orderBy, pageSize, pageToken}``
 answers ``{entries: [LogEntry...], nextPageToken}`` (both omitted when empty, as proto3 JSON does). The
-entries are the container logs of the Cloud Run stand-in's revisions and its front ends' 429s (entries.py). Rules
-kept from the real API: only ``timestamp asc`` (the default) and ``timestamp desc`` orderings; ``pageSize`` defaults to
-50 and above 1000 is refused; a page token belongs to the query that produced it; a project other than the
-sandbox's is 403, as for a caller without ``logging.logEntries.list`` there.
+entries are the container logs of the Cloud Run stand-in's revisions, Cloud Run's own lines about their instances
+(varlog/system) and its front ends' 429s (entries.py). Rules kept from the real API: only ``timestamp asc`` (the
+default) and ``timestamp desc`` orderings; ``pageSize`` defaults to 50 and above 1000 is refused; a page token belongs
+to the query that produced it; a project other than the sandbox's is 403, as for a caller without
+``logging.logEntries.list`` there.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import base64
 import hashlib
 import json
 import re
-from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -25,12 +25,12 @@ from sandbox.control.errors import GoogleApiError, invalid_argument
 from sandbox.control.logging import filters
 from sandbox.control.logging.entries import (
     ABORTED,
+    RESOURCE_TYPE,
     LogStore,
     RevisionLog,
     all_lines,
     entry_json,
     field_value,
-    instance_id_for,
     resource_value,
 )
 
@@ -141,11 +141,16 @@ class Logging:
             location = record.service.name.split("/")[3]
             for revision_name in record.revisions:
                 locations[(record.service_id, revision_name.rsplit("/", 1)[1])] = location
-        writers: dict[Path, tuple[str, bool]] = {}
-        for revision_name, instance in run.instances.items():
-            pid = instance.process.pid if instance.process is not None else None
-            writers[instance.log_path] = (instance_id_for(revision_name, pid), instance.running)
+        writers = {instance.log_path: (instance.instance_id, instance.running) for instance in run.instances.values()}
         return self.store.refresh(locations, writers)
+
+    def revision_text(self, revision: str) -> str | None:
+        """Every entry of the Cloud Run revision ``revision`` (its short name), oldest first, one text a line: what
+        the revision's Logs URL lists (its container's lines, Cloud Run's own, its request log's); None when it has
+        logged nothing."""
+        logs = [log for log in self._refresh() if log.resource_type == RESOURCE_TYPE and log.revision == revision]
+        lines = sorted((line for log in logs for line in log.lines), key=lambda line: (line.ts_ns, line.seq))
+        return "".join(f"{line.text}\n" for line in lines) if lines else None
 
 
 def _beyond(key: tuple[int, int], cursor: tuple[int, int], descending: bool) -> bool:

@@ -1,20 +1,26 @@
-"""Cloud Run container logs as Cloud Logging entries, read from the log files the Cloud Run stand-in writes.
+"""Cloud Run logs as Cloud Logging entries, read from the files the Cloud Run stand-in writes.
 
-Each revision's instances append stdout and stderr to ``{run state}/{service}/{revision}/container.log``. A job's
-task attempts write ``{run state}/_jobs/{job}/{execution}/task{i}/attempt{n}.stdout`` and ``.stderr`` (sandbox/control/
-run/jobs.py): their entries have the ``cloud_run_job`` resource (job_name, location, project_id) and the labels Cloud
-Run puts on them (``run.googleapis.com/execution_name``, ``task_index``, ``task_attempt``; real entries quoted in
-public reports of Cloud Run jobs).
+Each revision's instances append stdout and stderr to ``{run state}/{service}/{revision}/container.log``, and the
+launcher records beside each line when it read it, from which stream, for which instance (``container.log.lines``,
+sandbox/control/run/container_log.py). Cloud Run's own lines about the revision's instances (why one started, its
+startup probe passing, its end) are in ``system.log`` beside them, served as ``run.googleapis.com/varlog/system``
+with their own severity and the labels ``instanceId`` and ``container_name`` ("platform-generated ... written to
+varlog/system", Cloud Run docs, "Logging and viewing logs"; an entry's shape as a public report quotes it in full,
+reference corpus id 25499037665). A job's task attempts write ``{run state}/_jobs/{job}/{execution}/task{i}/
+attempt{n}.stdout`` and ``.stderr`` (sandbox/control/run/jobs.py): their entries have the ``cloud_run_job`` resource
+(job_name, location, project_id) and the labels Cloud Run puts on them (``run.googleapis.com/execution_name``,
+``task_index``, ``task_attempt``; real entries quoted in public reports of Cloud Run jobs).
 Lines are read incrementally and keep what they were given the first time they were seen (timestamp,
 insertId, instance id), so repeated queries and page tokens see one stable, append-only log:
 
-- Timestamps: the file holds no per-line times, but its order is what matters. New lines end at the file's
-  mtime and are spaced 1 microsecond apart, always after the file's previous line, so each revision's log
-  is strictly increasing in file order and later writes sort later.
-- Stream and severity: the container's stdout and stderr share one file. Lines shaped like the vLLM
-  stand-in's logger output (sandbox/vllm/logs.py; vLLM logs to stdout) are stdout; everything else (shell
-  errors such as "serve: command not found", Python tracebacks) is stderr, as a real container writes them.
-  Plain-text stdout becomes severity DEFAULT and stderr ERROR.
+- Timestamps: a container line has the time the launcher read it (its record). A line without a record (a job's, a
+  file written before records were kept, a note the sandbox wrote with no instance running) follows the line before
+  it by 1 microsecond; when none of the lines read together has a record, they end at the file's mtime and are
+  spaced 1 microsecond apart, always after the file's previous line.
+- Stream and severity: a recorded line's stream is the pipe it came from. Otherwise (one file, two streams), lines
+  shaped like the vLLM stand-in's logger output (sandbox/vllm/logs.py; vLLM logs to stdout) are stdout, everything
+  else (shell errors such as "serve: command not found", Python tracebacks) stderr. Plain-text stdout becomes
+  severity DEFAULT and stderr ERROR; Cloud Run's own lines carry theirs (INFO, WARNING, ERROR).
 - A trailing line without its newline is held back while an instance may still be writing it, as a log
   agent does.
 
@@ -29,20 +35,23 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from google.protobuf import timestamp_pb2
 
 from sandbox.control.logging.filters import SEVERITIES
+from sandbox.control.run.container_log import LOG_FILE, RECORD_FILE, SYSTEM_LOG_FILE
 
 RESOURCE_TYPE = "cloud_run_revision"
 JOB_RESOURCE_TYPE = "cloud_run_job"
-LOG_FILE = "container.log"
 REQUEST_LOG = "requests"  # a revision's request log: entries only, never a file
+SYSTEM_LOG = "varlog/system"  # Cloud Run's own lines about a revision's instances
 # A 429's request log text (cal-itp/data-infra's runbook quotes it: sandbox/control/run/throttle.py).
 ABORTED = (
     "The request was aborted because there was no available instance. Additional troubleshooting documentation can "
@@ -68,9 +77,13 @@ class LogLine:
     instance_id: str
     insert_id: str
     http_request: dict | None = None  # a request log entry's httpRequest
+    level: str = ""  # the severity Cloud Run gave one of its own lines
+    container: str = ""  # the container one of Cloud Run's own lines is about (its container_name label)
 
     @property
     def severity(self) -> str:
+        if self.level:
+            return self.level
         if self.http_request is not None:  # a request's status decides (a 429: WARNING, cal-itp/data-infra's runbook)
             status = int(self.http_request.get("status", 0))
             return "ERROR" if status >= 500 else "WARNING" if status >= 400 else "INFO"
@@ -92,6 +105,9 @@ class RevisionLog:
     resource_type: str = RESOURCE_TYPE
     stream: str = ""  # "stdout" or "stderr" when the file holds one stream (a job's); "" = told apart by shape
     entry_labels: dict[str, str] = field(default_factory=dict)  # beside instanceId
+    # A container log's records (container_log.py) not yet matched to a line: offset -> (time_ns, stream, instance).
+    records: dict[int, tuple[int, str, str]] = field(default_factory=dict)
+    records_consumed: int = 0
 
     def labels(self, project: str) -> dict[str, str]:
         if self.resource_type == JOB_RESOURCE_TYPE:
@@ -129,6 +145,13 @@ class LogStore:
                 location = locations.get((service_id, revision), self.default_location)
                 log = self.logs[path] = RevisionLog(path, service_id, revision, location)
             self._read(log, writers)
+        for path in sorted(self.run_state_dir.glob(f"*/*/{SYSTEM_LOG_FILE}")):
+            service_id, revision = path.parts[-3], path.parts[-2]
+            log = self.logs.get(path)
+            if log is None:
+                location = locations.get((service_id, revision), self.default_location)
+                log = self.logs[path] = RevisionLog(path, service_id, revision, location, stream=SYSTEM_LOG)
+            self._read_system(log)
         for path in sorted(self.run_state_dir.glob("_jobs/*/*/task*/attempt*.*")):
             found = JOB_LOG_FILES.match(f"{path.parent.name}/{path.name}")
             if found is None:
@@ -160,23 +183,34 @@ class LogStore:
         insert_id = hashlib.sha1(f"{path}:{seq}".encode()).hexdigest()[:20]
         log.lines.append(LogLine(seq, now, now, text, "requests", "", insert_id, dict(http_request)))
 
-    def _read(self, log: RevisionLog, writers: dict[Path, tuple[str, bool]]) -> None:
+    def _new_data(self, log: RevisionLog) -> tuple[bytes, int] | None:
+        """What was appended to ``log``'s file since it was last read, and the file's mtime; None when nothing was.
+        A new file under the same name (or a shorter one) is read from the start."""
         try:
             stat = log.path.stat()
             identity = (stat.st_dev, stat.st_ino)
             if identity != log.identity or stat.st_size < log.consumed:
-                log.identity, log.consumed = identity, 0  # a new file under the same name: read it from the start
+                log.identity, log.consumed = identity, 0
+                log.records, log.records_consumed = {}, 0
             if stat.st_size == log.consumed:
-                return
+                return None
             with log.path.open("rb") as handle:
                 handle.seek(log.consumed)
-                data = handle.read()
+                return handle.read(), stat.st_mtime_ns
         except FileNotFoundError:
+            return None
+
+    def _read(self, log: RevisionLog, writers: dict[Path, tuple[str, bool]]) -> None:
+        new = self._new_data(log)
+        if new is None:
             return
+        data, mtime_ns = new
+        if not log.stream:
+            self._read_records(log)
         instance_id, writing = writers.get(log.path, ("", False))
         # Lines are credited to the instance that owns the file when they are first read; a file read only
         # after its instance was retired keeps an id of its own.
-        log.instance_id = instance_id or log.instance_id or _instance_id(f"{log.path}:{identity}")
+        log.instance_id = instance_id or log.instance_id or _instance_id(f"{log.path}:{log.identity}")
         pieces = data.split(b"\n")
         complete, partial = pieces[:-1], pieces[-1]
         if partial and not writing:
@@ -184,38 +218,97 @@ class LogStore:
             partial = b""
         consumed_from = log.consumed
         log.consumed += len(data) - len(partial)
-        self._append(log, consumed_from, complete, stat.st_mtime_ns)
+        self._append(log, consumed_from, complete, mtime_ns)
+
+    def _read_records(self, log: RevisionLog) -> None:
+        """The launcher's records of the lines appended to ``log`` (container_log.py), read up to the last whole one."""
+        path = log.path.with_name(RECORD_FILE)
+        try:
+            with path.open("rb") as handle:
+                handle.seek(log.records_consumed)
+                data = handle.read()
+        except FileNotFoundError:
+            return
+        whole = data[: data.rfind(b"\n") + 1]
+        log.records_consumed += len(whole)
+        for raw in whole.decode("ascii", "replace").splitlines():
+            parts = raw.split()
+            if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+                log.records[int(parts[0])] = (int(parts[1]), parts[2], parts[3])
 
     def _append(self, log: RevisionLog, start: int, raw_lines: list[bytes], mtime_ns: int) -> None:
-        kept: list[tuple[int, str]] = []
+        kept: list[tuple[int, str, tuple[int, str, str] | None]] = []
         offset = start
         for raw in raw_lines:
             text = raw.decode("utf-8", "replace").rstrip("\r")
+            record = log.records.pop(offset, None)
             if text.strip():  # the log agent sends no entry for an empty line
-                kept.append((offset, text))
+                kept.append((offset, text, record))
             offset += len(raw) + 1
         if not kept:
             return
-        last = log.lines[-1].ts_ns if log.lines else 0
-        end = max(mtime_ns, last + len(kept) * STEP_NS)
-        received = max(time.time_ns(), end)
-        for index, (at, text) in enumerate(kept):
+        stamps = _stamps(log.lines[-1].ts_ns if log.lines else 0, [record for _, _, record in kept], mtime_ns)
+        now = time.time_ns()
+        for (at, text, record), ts_ns in zip(kept, stamps, strict=True):
+            stream = record[1] if record else log.stream or ("stdout" if STDOUT_LINE.match(text) else "stderr")
             log.lines.append(
                 LogLine(
                     seq=next(self._seq),
-                    ts_ns=end - (len(kept) - 1 - index) * STEP_NS,
-                    received_ns=received,
+                    ts_ns=ts_ns,
+                    received_ns=max(now, ts_ns),
                     text=text,
-                    stream=log.stream or ("stdout" if STDOUT_LINE.match(text) else "stderr"),
-                    instance_id=log.instance_id,
+                    stream=stream,
+                    instance_id=record[2] if record else log.instance_id,
                     insert_id=hashlib.sha1(f"{log.path}:{log.identity}:{at}".encode()).hexdigest()[:20],
                 )
             )
 
+    def _read_system(self, log: RevisionLog) -> None:
+        """Cloud Run's own lines appended to a revision's system log (one JSON object a line, container_log.py)."""
+        new = self._new_data(log)
+        if new is None:
+            return
+        data, _ = new
+        whole = data[: data.rfind(b"\n") + 1]  # a line is written at once; a reader never waits for the rest long
+        start = log.consumed
+        log.consumed += len(whole)
+        now = time.time_ns()
+        for raw in whole.split(b"\n")[:-1]:
+            at, start = start, start + len(raw) + 1
+            try:
+                record = json.loads(raw)
+                ts_ns, text = int(record["t"]), str(record["text"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            log.lines.append(
+                LogLine(
+                    seq=next(self._seq),
+                    ts_ns=ts_ns,
+                    received_ns=max(now, ts_ns),
+                    text=text,
+                    stream=SYSTEM_LOG,
+                    instance_id=str(record.get("instance", "")),
+                    insert_id=hashlib.sha1(f"{log.path}:{log.identity}:{at}".encode()).hexdigest()[:20],
+                    level=str(record.get("severity", "INFO")),
+                    container=str(record.get("container", "")),
+                )
+            )
 
-def instance_id_for(revision_name: str, pid: int | None) -> str:
-    """A stable id for one instance (one container process) of a revision, hex like Cloud Run's."""
-    return _instance_id(f"{revision_name}:{pid}")
+
+def _stamps(last_ns: int, records: list[tuple[int, str, str] | None], mtime_ns: int) -> list[int]:
+    """The timestamps of lines read together: a recorded line's own; one without follows the line before it by
+    ``STEP_NS`` (the first ones precede the first recorded line). When none is recorded, they end at the file's mtime,
+    after the file's previous line (``last_ns``)."""
+    first = next(((index, record[0]) for index, record in enumerate(records) if record is not None), None)
+    if first is None:
+        end = max(mtime_ns, last_ns + len(records) * STEP_NS)
+        return [end - (len(records) - 1 - index) * STEP_NS for index in range(len(records))]
+    previous = last_ns or first[1] - (first[0] + 1) * STEP_NS
+    stamps = []
+    for record in records:
+        previous = record[0] if record is not None else previous + STEP_NS
+        stamps.append(previous)
+    return stamps
 
 
 def _instance_id(seed: str) -> str:
@@ -248,12 +341,18 @@ def entry_json(log: RevisionLog, line: LogLine, project: str) -> dict:
 
 
 def _entry_labels(log: RevisionLog, line: LogLine) -> dict[str, str]:
-    """The entry's own labels: its instance (none for a request no instance took) and the log's."""
-    return {**({"instanceId": line.instance_id} if line.instance_id else {}), **log.entry_labels}
+    """The entry's own labels: its instance (none for a request no instance took), the container one of Cloud Run's
+    own lines is about, and the log's."""
+    labels = {"instanceId": line.instance_id} if line.instance_id else {}
+    if line.container:
+        labels["container_name"] = line.container
+    return {**labels, **log.entry_labels}
 
 
 def log_name(project: str, stream: str) -> str:
-    return f"projects/{project}/logs/run.googleapis.com%2F{stream}"
+    """``projects/P/logs/run.googleapis.com%2F<stream>``: the log id URL-encoded, slashes included (e.g.
+    ``run.googleapis.com%2Fvarlog%2Fsystem``)."""
+    return f"projects/{project}/logs/{quote(f'run.googleapis.com/{stream}', safe='')}"
 
 
 def field_value(log: RevisionLog, line: LogLine, project: str, name: str) -> str | int | None:

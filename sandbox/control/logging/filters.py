@@ -3,11 +3,12 @@
 Supported: comparisons on ``resource.type``, ``resource.labels.<label>``, ``labels."<key>"`` (an entry's own
 labels, such as a job's ``labels."run.googleapis.com/execution_name"``) and ``logName`` (``=`` only),
 ``severity``, ``timestamp`` and ``httpRequest.status`` (a request log's, e.g. ``httpRequest.status=429``) (``=``,
-``>``, ``>=``, ``<``, ``<=``), joined by the keyword ``AND``
-(upper case, as the real grammar requires) or by whitespace and newlines (an implicit AND, as on GCP).
-Values may be quoted (``"..."`` with backslash escapes) or bare. Anything else (``OR``, ``NOT``, ``:``,
-``!=``, parentheses, other fields) is refused with 400 INVALID_ARGUMENT naming the clause: a stand-in that
-silently ignored part of a filter would return logs the real API would not.
+``>``, ``>=``, ``<``, ``<=``), and ``logName:"text"`` (the has operator: the log name contains the text, case aside:
+"String comparisons aren't case sensitive", Logging query language docs; e.g. ``logName:"varlog"`` for Cloud Run's
+system log), joined by the keyword ``AND`` (upper case, as the real grammar requires) or by whitespace and newlines (an
+implicit AND, as on GCP). Values may be quoted (``"..."`` with backslash escapes) or bare. Anything else (``OR``,
+``NOT``, ``:`` on other fields, ``!=``, parentheses, other fields) is refused with 400 INVALID_ARGUMENT naming the
+clause: a stand-in that silently ignored part of a filter would return logs the real API would not.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ ORDERED_OPS = {
     "<": lambda a, b: a < b,
     "<=": lambda a, b: a <= b,
 }
+# What a clause may compare with: the ordered comparisons, and the has operator (logName only).
+OPS = {**ORDERED_OPS, ":": lambda a, b: str(b).lower() in str(a).lower()}
 
 _CLAUSE = re.compile(
     r'(?P<field>labels\."[^"\n]+"|labels\.[\w./-]+|[A-Za-z_][\w.]*)'
@@ -48,8 +51,8 @@ _CLAUSE = re.compile(
 )
 _AND = re.compile(r"AND(?=\s)")
 SUPPORTED = (
-    'resource.type="...", resource.labels.<label>="...", labels."<key>"="...", logName="...", severity>=LEVEL, '
-    'timestamp>="RFC 3339" and httpRequest.status=CODE, joined with AND'
+    'resource.type="...", resource.labels.<label>="...", labels."<key>"="...", logName="...", logName:"...", '
+    'severity>=LEVEL, timestamp>="RFC 3339" and httpRequest.status=CODE, joined with AND'
 )
 
 
@@ -114,7 +117,11 @@ def _clause(match: re.Match[str]) -> Clause:
         if op != "=":
             raise _unsupported(text, f"only '=' is supported on {field}")
         return Clause(text, "labels." + _unquote(field.removeprefix("labels.")), op, value)
-    if field in ("resource.type", "logName") or is_label:
+    if field == "logName":
+        if op not in ("=", ":"):
+            raise _unsupported(text, f"only '=' and ':' are supported on {field}")
+        return Clause(text, field, op, value)
+    if field == "resource.type" or is_label:
         if op != "=":
             raise _unsupported(text, f"only '=' is supported on {field}")
         return Clause(text, field, op, value)
@@ -148,4 +155,4 @@ def _clause(match: re.Match[str]) -> Clause:
 def matcher(clauses: list[Clause], fields: Callable[[str], str | int | None]) -> bool:
     """Whether an entry whose field values ``fields`` returns satisfies every clause (a field it lacks, None,
     satisfies none)."""
-    return all((value := fields(c.field)) is not None and ORDERED_OPS[c.op](value, c.value) for c in clauses)
+    return all((value := fields(c.field)) is not None and OPS[c.op](value, c.value) for c in clauses)

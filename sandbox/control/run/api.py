@@ -27,7 +27,6 @@ from sandbox.authz import has_permission
 from sandbox.control import ControlContext
 from sandbox.control.cloudbuild.image_config import plan_launch
 from sandbox.control.errors import GRPC_CODES, GoogleApiError, already_exists, invalid_argument, not_found
-from sandbox.control.logging.entries import instance_id_for
 from sandbox.control.run import resources as res
 from sandbox.control.run.capacity import Footprint, GpuReleases, exceeded, footprint_of
 from sandbox.control.run.dependencies import (
@@ -43,9 +42,10 @@ from sandbox.control.run.frontend import FrontEnd, Routing
 from sandbox.control.run.gmp_sidecar import GmpSidecar, RunEnvironment, startup_probe_passes
 from sandbox.control.run.iam_policy import new_policy, post_policy_method
 from sandbox.control.run.images import DRIVERS, GMP_COLLECTOR, image_behaviour
-from sandbox.control.run.instances import Instance, InstanceSpec
+from sandbox.control.run.instances import Instance, InstanceSpec, StartOutcome
 from sandbox.control.run.jobs import CloudRunJobs
 from sandbox.control.run.scale_in import ScaleIn
+from sandbox.control.run.system_lines import StartReason
 from sandbox.control.run.throttle import Throttle, revision_capacity
 from sandbox.control.run.validation import (
     GPU_LIMIT_KEY,
@@ -442,7 +442,7 @@ class CloudRun(ScaleIn):
         short = revision_name.rsplit("/", 1)[1]
         faults = record.pending_faults.pop(0) if record.pending_faults else {}
         try:
-            outcome = await self._start_instance(record, revision, faults)
+            outcome = await self._start_instance(record, revision, faults, StartReason.DEPLOYMENT_ROLLOUT)
         except RevisionStartError as exc:
             self._fail_revision(record, revision, op, exc.message, exc.reason)
             return
@@ -612,9 +612,12 @@ class CloudRun(ScaleIn):
             run_v2.Condition.CommonReason.REVISION_FAILED,
         )
 
-    async def _start_instance(self, record: ServiceRecord, revision: run_v2.Revision, faults: dict):
+    async def _start_instance(
+        self, record: ServiceRecord, revision: run_v2.Revision, faults: dict, reason: StartReason
+    ) -> StartOutcome | None:
         """Start the revision's containers in dependsOn order: each wave once the previous one passed its startup
-        probes (validation.start_waves); the ingress container is the process, sidecars run in-process."""
+        probes (validation.start_waves); the ingress container is the process, sidecars run in-process. Cloud Run
+        logs the instance's start, and ``reason`` for it, first."""
         spec = await self.internet.wire(self._instance_spec(record, revision, faults), revision)
         footprint = footprint_of(revision.containers, spec.accelerator)
         self._check_capacity(revision.name, footprint)
@@ -644,6 +647,7 @@ class CloudRun(ScaleIn):
         ingress = ingress_index(containers)
         sidecars = {i: self._sidecar(record, revision, instance, c) for i, c in enumerate(containers) if i != ingress}
         instance.sidecars = list(sidecars.values())
+        instance.announce(reason)
         outcome = None
         for wave in start_waves(containers):
             for index in wave:
@@ -704,12 +708,8 @@ class CloudRun(ScaleIn):
             configuration=record.service_id,
             service_account=revision.service_account,
         )
-
-        def instance_id() -> str:
-            # The id Cloud Logging gives the instance's log entries (logging/entries.py), so both agree.
-            return instance_id_for(revision.name, instance.process.pid if instance.process is not None else None)
-
-        return GmpSidecar(container, env, instance, self.ctx.module("monitoring"), instance_id)
+        # The id the instance's log entries carry (container_log.py), so both agree.
+        return GmpSidecar(container, env, instance, self.ctx.module("monitoring"), lambda: instance.instance_id)
 
     async def _instance_url(self, record: ServiceRecord, short: str) -> str | None:
         """The instance serving ``short``; cold-starts one if the revision is routable but scaled to zero."""
@@ -733,12 +733,14 @@ class CloudRun(ScaleIn):
         self.request_started(name)
         return self.instances[name].url
 
-    def _cold_start(self, record: ServiceRecord, revision: run_v2.Revision) -> asyncio.Task:
+    def _cold_start(
+        self, record: ServiceRecord, revision: run_v2.Revision, reason: StartReason = StartReason.AUTOSCALING
+    ) -> asyncio.Task:
         """A new instance of ``revision`` (no faults: those were its first instance's), one start at a time."""
         name = revision.name
         task = self._starting.get(name)
         if task is None:
-            task = asyncio.create_task(self._start_instance(record, revision, {}))
+            task = asyncio.create_task(self._start_instance(record, revision, {}, reason))
             self._starting[name] = task
             task.add_done_callback(lambda done: self._started(name, done))
         return task
@@ -760,7 +762,9 @@ class CloudRun(ScaleIn):
         short = name.rsplit("/", 1)[1]
         routed = record.service.name in self.services and short in self._routed(record)
         if routed and short not in self._manually_stopped(record):
-            self._cold_start(record, revision)
+            # A minimum that keeps the revision up is why Cloud Run replaces it; otherwise, its traffic.
+            kept = self._kept_warm(record, name)
+            self._cold_start(record, revision, StartReason.MIN_INSTANCE if kept else StartReason.AUTOSCALING)
 
     async def _stop_instance(self, revision_name: str) -> None:
         instance = self.instances.pop(revision_name, None)
@@ -845,7 +849,12 @@ class CloudRun(ScaleIn):
         return JSONResponse({"queued": len(matches) or 1})
 
     async def admin_logs(self, request: Request) -> Response:
+        """The revision's log as its Logs URL shows it: Cloud Logging's entries of the revision, oldest first (the
+        container's lines and Cloud Run's own); its container's output file when Logging is not served."""
         short = request.path_params["revision"]
+        logging = self.ctx.module("logging")
+        if logging is not None and (text := logging.revision_text(short)) is not None:
+            return PlainTextResponse(text)
         for name, instance in self.instances.items():
             if name.endswith(f"/revisions/{short}"):
                 return PlainTextResponse(instance.log_path.read_text(errors="replace"))

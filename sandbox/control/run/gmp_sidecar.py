@@ -422,5 +422,7 @@ class GmpSidecar:
         self._log(f"{rfc3339(time.time())}\t{level}\t{caller}\t{message}\t{json.dumps(fields)}")
 
     def _log(self, line: str) -> None:
-        with contextlib.suppress(OSError), self.log_path.open("a", encoding="utf-8") as log:
-            log.write(line + "\n")
+        # The collector logs on stderr (its zap logger's default); the sandbox's own notes go to stdout, as the
+        # launcher's do (container_log.py stamps either on arrival).
+        with contextlib.suppress(OSError):
+            self.instance.log.write(line, "stdout" if line.startswith("[sandbox]") else "stderr")

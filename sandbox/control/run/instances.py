@@ -27,21 +27,25 @@ probe, liveness checks are disabled until the startup probe determines that the 
 HTTP probe); at ``failureThreshold`` misses Cloud Run shuts the instance down and logs, at severity ERROR,
 ``LIVENESS HTTP probe failed 3 times consecutively for container "NAME" on port 8080 path "/health". The instance has
 been shut down.`` (Cloud Run's line as public reports quote it: find_string "LIVENESS HTTP probe failed" in the
-reference corpus, e.g. "... for container agent on port 8080 path /livez ... instance has been shut down"; the
-wording of its STARTUP sibling, "STARTUP HTTP probe failed 3 times consecutively for container "..." on port 8080
-path "/health/ready". The instance was not started.", gives the quoting). A container that exits after its start
-ends the instance too, logged as Cloud Run logs it (``exit_line``). Either way the launcher's owner
-(api.py) is told and starts a new instance for a revision that serves traffic. For the stand-in the probe follows
-the container's clock, which runs with the host's once it listens (``SimClock.idle``): a scaled period and timeout,
-but never below ``LIVENESS_MIN_REAL_PERIOD_S`` / ``LIVENESS_MIN_REAL_TIMEOUT_S`` of real time, so that a test
-session's instances are not probed many times a real second, and a host busy with other work cannot make a healthy
-stand-in miss three probes in a row (a dead engine answers 503 at once: only a hang waits the timeout out). The
-real engine's probe runs on the wall clock with the configured figures, as Cloud Run's does.
+reference corpus, e.g. "... for container agent on port 8080 path /livez ... instance has been shut down"). A
+container that exits after its start ends the instance too, logged at WARNING as Cloud Run logs it ("Container called
+exit(0)."). Either way the launcher's owner (api.py) is told and starts a new instance for a revision that serves
+traffic. For the stand-in the probe follows the container's clock, which runs with the host's once it listens
+(``SimClock.idle``): a scaled period and timeout, but never below ``LIVENESS_MIN_REAL_PERIOD_S`` /
+``LIVENESS_MIN_REAL_TIMEOUT_S`` of real time, so that a test session's instances are not probed many times a real
+second, and a host busy with other work cannot make a healthy stand-in miss three probes in a row (a dead engine
+answers 503 at once: only a hang waits the timeout out). The real engine's probe runs on the wall clock with the
+configured figures, as Cloud Run's does.
 
 An instance with sidecars (several containers) is this process, the ingress container, plus the sidecars the sandbox
 emulates in-process (``sidecars``: so far the GMP collector, gmp_sidecar.py); api.py starts them in dependsOn order,
 and ``stop`` stops them before the ingress container, so a sidecar's last act (the collector's shut-down scrape)
 still finds it running.
+
+What the container writes and what Cloud Run says about the instance are logged as Cloud Logging receives them
+(container_log.py): each line of stdout and stderr stamped when the launcher reads it, and Cloud Run's own lines
+(system_lines.py: why the instance started, its startup probe passing, its end) in the revision's varlog/system log,
+not in the container's output.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -62,6 +67,14 @@ from typing import Protocol
 
 import httpx
 
+from sandbox.control.run.container_log import ContainerLog
+from sandbox.control.run.system_lines import (
+    StartReason,
+    exit_line,
+    liveness_failed_line,
+    start_line,
+    startup_passed_line,
+)
 from sandbox.serving import LOOPBACK, free_port, stop_process_group
 from sandbox.vllm.timing import PublishedClock
 
@@ -79,15 +92,6 @@ LIVENESS_MIN_REAL_TIMEOUT_S = 5.0
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SYSTEMROOT")
 
 
-def exit_line(code: int | None) -> str:
-    """Cloud Run's system log line for a container that ended: "Container called exit(1)." for an exit code,
-    "Container terminated on signal 9." for a signal (both at WARNING in run.googleapis.com/varlog/system, as public
-    reports quote them: find_string in the reference corpus)."""
-    if code is not None and code < 0:
-        return f"Container terminated on signal {-code}."
-    return f"Container called exit({code})."
-
-
 @dataclass(frozen=True)
 class ProbeSpec:
     kind: str  # "tcp" or "http"
@@ -97,6 +101,7 @@ class ProbeSpec:
     period_s: float = 240
     timeout_s: float = 240
     failure_threshold: int = 1
+    default: bool = False  # Cloud Run's own TCP startup probe, for a container that configures none
 
     @property
     def window_s(self) -> float:
@@ -169,7 +174,10 @@ class Instance:
         self.time_scale = 1.0 if spec.real_engine else time_scale
         self.host_port = free_port()
         self.process: asyncio.subprocess.Process | None = None
-        self.log_path = workdir / "container.log"
+        # Cloud Run's instanceId label: hex, one per instance (a real one is about 160 hex digits).
+        self.instance_id = secrets.token_hex(32)
+        self.log = ContainerLog(workdir, self.instance_id, spec.container_name)
+        self.log_path = self.log.path
         self.clock_path = workdir / "clock"
         self.scratch: Path | None = None  # the real engine's HOME and TMPDIR, removed when it stops
         self.sidecars: list[Sidecar] = []
@@ -230,6 +238,10 @@ class Instance:
             env["SANDBOX_VLLM_FAULTS"] = json.dumps(self.spec.faults)
         return env
 
+    def announce(self, reason: StartReason) -> None:
+        """Cloud Run's line for the instance starting (before its containers start, sidecars included)."""
+        self.log.system(start_line(reason), "INFO")
+
     async def start(self) -> StartOutcome:
         """Launch the container and run the startup probe until it passes, fails, or the container exits."""
         (self.workdir / "root").mkdir(parents=True, exist_ok=True)
@@ -240,26 +252,34 @@ class Instance:
             self.scratch = Path(tempfile.mkdtemp(prefix="sbx-engine-"))
             (self.scratch / "home").mkdir()
             (self.scratch / "tmp").mkdir()
-        with self.log_path.open("ab") as log:
-            if self.spec.note:
-                log.write(f"[sandbox] {self.spec.note}\n".encode())
-                log.flush()
+        if self.spec.note:
+            self.log.write(f"[sandbox] {self.spec.note}")
+        stdout, stderr = self.log.open_pipes()
+        try:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
                 "sandbox.vllm",
                 *self.spec.argv,
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=stdout,
+                stderr=stderr,
                 env=self._env(),
                 cwd=self.workdir / "root",
                 start_new_session=True,
             )
+        except BaseException:
+            self.log.close()
+            raise
+        self.log.attach()
         outcome = await self._probe_until_started()
         if outcome.ready:
             self.ready_at, self.startup_s = time.time(), outcome.elapsed_sim_s
+            attempts = outcome.probe_failures + 1
+            self.log.system(startup_passed_line(self.spec.probe, attempts, self.spec.container_name), "INFO")
             self._watch = asyncio.create_task(self._watch_running())
+        else:
+            self.log.pump()  # its last words, before anyone reads the revision's log for the failure
         return outcome
 
     async def _probe_until_started(self) -> StartOutcome:
@@ -308,20 +328,20 @@ class Instance:
 
     async def _watch_running(self) -> None:
         """Until the instance ends by itself: then log why, shut it down (sidecars too) and tell ``on_ended``."""
-        why = await self._until_ended()
-        with self.log_path.open("a") as log:
-            log.write(why + "\n")
+        why, severity = await self._until_ended()
+        self.log.system(why, severity)
         self._watch = None  # from here on, stop() must not cancel this task: it is what stops the instance
         await self.stop()
         if self.on_ended is not None:
             await self.on_ended(self, why)
 
-    async def _until_ended(self) -> str:
-        """Cloud Run's line for how the running instance ended: its liveness probe failed, or its container exited."""
+    async def _until_ended(self) -> tuple[str, str]:
+        """Cloud Run's line, and its severity, for how the running instance ended: its liveness probe failed (ERROR)
+        or its container exited (WARNING)."""
         assert self.process is not None
         probe = self.spec.liveness
         if probe is None:
-            return exit_line(await self.process.wait())
+            return exit_line(await self.process.wait()), "WARNING"
         loop = asyncio.get_running_loop()
         real = self.spec.real_engine
         period = max(probe.period_s * self.time_scale, 0.0 if real else LIVENESS_MIN_REAL_PERIOD_S)
@@ -331,23 +351,14 @@ class Instance:
         async with httpx.AsyncClient() as client:
             while True:
                 if await self._exited_within(max(due - loop.time(), 0.0)):
-                    return exit_line(self._exit_code())
+                    return exit_line(self._exit_code()), "WARNING"
                 passed = await self._probe_once(probe, client, floor)
                 if self._exit_code() is not None:
-                    return exit_line(self._exit_code())
+                    return exit_line(self._exit_code()), "WARNING"
                 misses = 0 if passed else misses + 1
                 if misses >= probe.failure_threshold:
-                    return self._liveness_line(probe, misses)
+                    return liveness_failed_line(probe, misses, self.spec.container_name), "ERROR"
                 due = max(due + period, loop.time())
-
-    def _liveness_line(self, probe: ProbeSpec, misses: int) -> str:
-        times = "1 time" if misses == 1 else f"{misses} times"
-        where = f'on port {probe.port} path "{probe.path}"' if probe.kind == "http" else f"on port {probe.port}"
-        name = self.spec.container_name
-        return (
-            f'LIVENESS {probe.kind.upper()} probe failed {times} consecutively for container "{name}" {where}. '
-            "The instance has been shut down."
-        )
 
     async def _probe_once(
         self, probe: ProbeSpec, client: httpx.AsyncClient, min_timeout_s: float = MIN_REAL_PROBE_TIMEOUT_S
@@ -407,6 +418,7 @@ class Instance:
         # The real engine's EngineCore child may hold the listening socket it inherited: the whole group goes.
         if self.process is not None:
             await stop_process_group(self.process, 5)
+        self.log.close()  # what it wrote before it went is logged; a line it was cut off in is logged as it is
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -146,6 +146,7 @@ def startup_probe(container: run_v2.Container) -> ProbeSpec:
             period_s=DEFAULT_PROBE["period_seconds"],
             timeout_s=DEFAULT_PROBE["timeout_seconds"],
             failure_threshold=DEFAULT_PROBE["failure_threshold"],
+            default=True,
         )
     return _probe_spec(container.startup_probe, port)
 

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 
 from google.cloud import run_v2
 
-from sandbox.control.logging.entries import instance_id_for
 from sandbox.control.run.instances import Instance
 from sandbox.control.run.resources import DEFAULT_CONCURRENCY
 
@@ -143,7 +142,7 @@ def revision_capacity(revision: run_v2.Revision | None, instance: Instance | Non
     return Capacity(
         concurrency=revision.max_instance_request_concurrency or DEFAULT_CONCURRENCY,
         instances=1,
-        instance_id=instance_id_for(revision.name, instance.process.pid),
+        instance_id=instance.instance_id,
         startup_s=instance.startup_s,
         time_scale=instance.time_scale,
     )
