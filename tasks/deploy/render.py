@@ -141,6 +141,9 @@ def streamer_env(profile: ServingProfile) -> dict[str, str]:
     return {
         "RUNAI_STREAMER_CONCURRENCY": str(profile.streamer_concurrency),
         "RUNAI_STREAMER_MEMORY_LIMIT": str(int(streamer_memory_gib(profile) * 2**30)),
+        # Its own timing line ("Overall time to stream ... of all files: Ns"), which it drops without this: the one
+        # weights figure cold-start can read under runai_streamer (vLLM logs none for it on CPU; bench/load_modes.py).
+        "RUNAI_STREAMER_LOG_TO_STDERR": "1",
     }
 
 

@@ -1,1 +1,2 @@
-"""Watch: judge each traffic step on Cloud Monitoring's Cloud Run and vLLM metrics."""
+"""Watch: what a serving revision does. Each traffic step judged on Cloud Monitoring's Cloud Run and vLLM metrics
+(canary.py); its cold starts measured phase by phase (coldstart/)."""

@@ -258,6 +258,7 @@ def test_the_streamer_gets_its_threads_and_a_buffer_within_the_instance_and_no_e
     env = {e.name: e.value for e in service.template.containers[0].env}
     assert env["RUNAI_STREAMER_CONCURRENCY"] == "8"
     assert env["RUNAI_STREAMER_MEMORY_LIMIT"] == str(8 * 2**30)  # a quarter of the L4 preset's 32 GiB
+    assert env["RUNAI_STREAMER_LOG_TO_STDERR"] == "1"  # its timing line, which cold-start reads
     assert "--safetensors-load-strategy" not in service.template.containers[0].args
 
 

@@ -252,15 +252,7 @@ class LogStore:
         for (at, text, record), ts_ns in zip(kept, stamps, strict=True):
             stream = record[1] if record else log.stream or ("stdout" if STDOUT_LINE.match(text) else "stderr")
             log.lines.append(
-                LogLine(
-                    seq=next(self._seq),
-                    ts_ns=ts_ns,
-                    received_ns=max(now, ts_ns),
-                    text=text,
-                    stream=stream,
-                    instance_id=record[2] if record else log.instance_id,
-                    insert_id=hashlib.sha1(f"{log.path}:{log.identity}:{at}".encode()).hexdigest()[:20],
-                )
+                self._line(log, at, ts_ns, now, text, stream, instance_id=record[2] if record else log.instance_id)
             )
 
     def _read_system(self, log: RevisionLog) -> None:
@@ -281,18 +273,15 @@ class LogStore:
             except (ValueError, KeyError, TypeError):
                 continue
             log.lines.append(
-                LogLine(
-                    seq=next(self._seq),
-                    ts_ns=ts_ns,
-                    received_ns=max(now, ts_ns),
-                    text=text,
-                    stream=SYSTEM_LOG,
-                    instance_id=str(record.get("instance", "")),
-                    insert_id=hashlib.sha1(f"{log.path}:{log.identity}:{at}".encode()).hexdigest()[:20],
-                    level=str(record.get("severity", "INFO")),
-                    container=str(record.get("container", "")),
-                )
-            )
+                self._line(log, at, ts_ns, now, text, SYSTEM_LOG, instance_id=str(record.get("instance", "")),
+                           level=str(record.get("severity", "INFO")), container=str(record.get("container", "")))
+            )  # fmt: skip
+
+    def _line(self, log: RevisionLog, at: int, ts_ns: int, now: int, text: str, stream: str, **labels: str) -> LogLine:
+        """The entry of the line that starts at byte ``at`` of ``log``'s file: its insertId is stable across reads."""
+        insert_id = hashlib.sha1(f"{log.path}:{log.identity}:{at}".encode()).hexdigest()[:20]
+        return LogLine(seq=next(self._seq), ts_ns=ts_ns, received_ns=max(now, ts_ns), text=text, stream=stream,
+                       insert_id=insert_id, **labels)  # fmt: skip
 
 
 def _stamps(last_ns: int, records: list[tuple[int, str, str] | None], mtime_ns: int) -> list[int]:

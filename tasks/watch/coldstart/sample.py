@@ -1,0 +1,83 @@
+"""One cold start of the copy: its instances stopped, then one streamed request timed to its first token.
+
+Stopping: manual scaling with 0 instances stops them (tasks/deploy/rollout.stop_serving), and automatic scaling from
+zero comes back with no instance running, so the next request starts one ("Starting new instance. Reason:
+AUTOSCALING"). Cloud Run releases a stopped instance's GPU only some time later: until then a new instance cannot
+start and the request is refused (429 or 503, "no available instance"). Those refusals are not the cold start: the
+request is sent again, and the sample is timed from the attempt that got an instance.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+
+import httpx
+from google.cloud import run_v2
+from pydantic import BaseModel, SecretStr
+
+from blocks.target import GcpTarget
+from tasks.deploy.rollout import AUTOMATIC, resume_serving, stop_serving
+
+NO_INSTANCE = (429, 503)  # Cloud Run's answers while no instance can take the request
+RETRY_CAP_S = 15.0
+
+
+class Timed(BaseModel):
+    """One request: when it was sent, its first token's time, and how long refusals held it up before."""
+
+    sent: datetime
+    first_token: datetime
+    ttft_s: float
+    refused_for_s: float = 0.0
+    refusals: int = 0
+
+
+class NoFirstToken(RuntimeError):
+    """The request got no token: the message says what came back instead."""
+
+
+def restart_from_zero(target: GcpTarget, copy_id: str) -> None:
+    """The copy with no instance running, back on automatic scaling from zero with at most one instance."""
+    stop_serving(target, copy_id)
+    resume_serving(target, copy_id, run_v2.ServiceScaling(scaling_mode=AUTOMATIC), max_instances=1)
+
+
+def first_token(response: httpx.Response) -> bool:
+    """Reads the stream up to its first token; False when it ended without one."""
+    for line in response.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line.removeprefix("data: "))
+        if "error" in chunk:
+            raise NoFirstToken(f"the stream failed: {chunk['error']}")
+        for choice in chunk.get("choices", []):
+            if (choice.get("delta") or {}).get("content"):
+                return True
+    return False
+
+
+def timed_request(url: str, token: SecretStr, served_name: str, prompt: str, deadline_s: float) -> Timed:
+    """One streamed chat completion to ``url``, timed to its first token; refusals for want of an instance are sent
+    again, backing off, until ``deadline_s``."""
+    body = {"model": served_name, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+            "temperature": 0, "stream": True}  # fmt: skip
+    headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
+    began, pause, refusals = time.monotonic(), 0.5, 0
+    with httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(deadline_s, connect=30)) as client:
+        while True:
+            sent, started = datetime.now(UTC), time.monotonic()
+            with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                if response.status_code == 200:
+                    if not first_token(response):
+                        raise NoFirstToken("the stream ended without a token")
+                    ttft = time.monotonic() - started
+                    return Timed(sent=sent, first_token=datetime.now(UTC), ttft_s=round(ttft, 3),
+                                 refused_for_s=round(started - began, 3), refusals=refusals)  # fmt: skip
+                response.read()
+                if response.status_code not in NO_INSTANCE or time.monotonic() - began > deadline_s:
+                    raise NoFirstToken(f"HTTP {response.status_code}: {response.text[:200]}")
+            refusals += 1
+            time.sleep(pause)
+            pause = min(pause * 2, RETRY_CAP_S)
