@@ -32,6 +32,8 @@ from tasks.watch.coldstart.sample import restart_from_zero, timed_request
 
 LOCK_WAIT_S = 10  # a promotion holds the lock for many minutes: say so rather than wait behind it
 REQUEST_DEADLINE_S = 900.0  # a GPU start with compile and graph capture takes minutes (seed 000: over 5)
+run_create_copy = task(name="copy the serving revision")(create_copy)
+run_delete_copy = task(name="delete the copy")(delete_copy)
 
 
 def served_name(url: str, token: SecretStr) -> str:
@@ -101,13 +103,13 @@ def cold_start(
 def _measure(gcp: GcpTarget, service: str, samples: int, prompt: str) -> ColdStartReport:
     copy_name = copy_id(service)
     try:
-        copy, revision = task(name="copy the serving revision")(create_copy)(gcp, service)
+        copy, revision = run_create_copy(gcp, service)
         token = clients.identity_token(gcp, copy.uri)
         model = served_name(copy.uri, token)
         copied = copy.latest_ready_revision.rsplit("/", 1)[-1]
         measured = [measure(gcp, copy_name, copied, copy.uri, token, model, prompt, n) for n in range(1, samples + 1)]
     finally:
-        task(name="delete the copy")(delete_copy)(gcp, service)
+        run_delete_copy(gcp, service)
     cold = [sample for sample in measured if sample.cold]
     return ColdStartReport(service=service, revision=revision, copy_service=copy_name, copy_revision=copied,
                            samples=measured,

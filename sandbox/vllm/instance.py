@@ -229,7 +229,8 @@ class InstanceEnv:
         vllm_env = {
             k: v
             for k, v in env.items()
-            if k.startswith(("VLLM_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_")) or k == "GLOO_SOCKET_IFNAME"
+            if k.startswith(("VLLM_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "RUNAI_STREAMER_"))
+            or k == "GLOO_SOCKET_IFNAME"
         }
         return cls(
             entrypoint=entrypoint,

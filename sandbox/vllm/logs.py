@@ -11,6 +11,7 @@ Cloud Run stand-in compare them instead of wall-clock time. Lines the real vLLM 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -67,6 +68,21 @@ class VllmLog:
         """A uvicorn access line (``INFO:     127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK``), on stdout."""
         self._emit(f"{UVICORN_INFO}{message}")
 
+    def streamer(self, message: str) -> None:
+        """A Run:ai model streamer line, as its stderr handler writes it: ``2026-12-04 12:40:01,123 [INFO] message``."""
+        now = time.time()
+        stamp = f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))},{int(now % 1 * 1000):03d}"
+        self._emit(f"{stamp} [INFO] {message}", self._err_stream)
+
     def sandbox(self, message: str) -> None:
         """A note from the sandbox itself: what the real container would not say but a reader needs."""
         self._emit(f"[sandbox] {message}")
+
+
+def binary_size(size: float) -> str:
+    """A size as ``humanize.naturalsize(size, binary=True)`` writes it: "2.8 MiB", "1.0 GiB", "512 Bytes"."""
+    if size < 1024:
+        return f"{int(size)} Bytes"
+    units = ("KiB", "MiB", "GiB", "TiB")
+    power = min(int(math.log(size, 1024)), len(units))
+    return f"{size / 1024**power:.1f} {units[power - 1]}"

@@ -9,6 +9,7 @@ method does not justify google-cloud-logging), with errors mapped as the client 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 from google.api_core import exceptions as gexc
 
@@ -43,14 +44,30 @@ def revision_log_tail(target: GcpTarget, service_id: str, revision: str, lines: 
     """
     if lines <= 0:
         return []
-    rest = clients.logging_api(target)
     request: dict = {
         "resourceNames": [f"projects/{target.project}"],
         "filter": revision_filter(target, service_id, revision),
         # Newest first, so the tail is the first page however long the log is.
         "orderBy": "timestamp desc",
+        "pageSize": min(lines, MAX_PAGE_SIZE),
     }
     newest_first: list[str] = []
+    what = f"reading the logs of Cloud Run revision {revision} (service {service_id})"
+    for entry in list_entries(target, request, what):
+        if (text := entry_text(entry)) is not None:
+            newest_first.append(text)
+            if len(newest_first) >= lines:
+                break
+    return list(reversed(newest_first))
+
+
+def list_entries(target: GcpTarget, request: dict, what: str) -> Iterator[dict]:
+    """The LogEntries ``request`` (an entries.list body) finds, page after page, for at most MAX_PAGES pages.
+
+    Transient errors (429, 5xx) are retried; a 403 raises InfraError naming roles/logging.viewer (or the API to
+    enable), ``what`` saying what was being read.
+    """
+    rest = clients.logging_api(target)
 
     def page(body: dict) -> dict:
         response = rest.session.post(rest.url("entries:list"), json=body, timeout=60)
@@ -58,19 +75,15 @@ def revision_log_tail(target: GcpTarget, service_id: str, revision: str, lines: 
             raise gexc.from_http_response(response)
         return response.json() if response.content else {}
 
-    what = f"reading the logs of Cloud Run revision {revision} (service {service_id})"
     with gcp_errors("logging", LOG_VIEWER_ROLE, what, target):
         token = ""
         for _ in range(MAX_PAGES):
-            body = {**request, "pageSize": min(lines - len(newest_first), MAX_PAGE_SIZE)}
-            if token:
-                body["pageToken"] = token
+            body = {**request, "pageToken": token} if token else request
             answer = with_retry(lambda body=body: page(body))
-            newest_first += [text for entry in answer.get("entries", []) if (text := entry_text(entry)) is not None]
+            yield from answer.get("entries", [])
             token = answer.get("nextPageToken", "")
-            if len(newest_first) >= lines or not token:
-                break
-    return list(reversed(newest_first[:lines]))
+            if not token:
+                return
 
 
 def entry_text(entry: dict) -> str | None:

@@ -179,11 +179,21 @@ def test_gs_path_streams_with_runai_streamer(launch: Launcher, tmp_path: Path, g
         serve(model, "--load-format", "runai_streamer", "--served-model-name", "tiny"),
         root=tmp_path,
         gcs_url=gcs.url,
+        env={"RUNAI_STREAMER_LOG_TO_STDERR": "1"},
     )
     inst.wait_ready()
     assert [m["id"] for m in httpx.get(f"{inst.url}/v1/models").json()["data"]] == ["tiny"]
     completion = httpx.post(f"{inst.url}/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 2})
     assert completion.status_code == 200
+    # The streamer's own timing line, as runai_model_streamer 0.17.1 writes it under the flag: on stderr, in its own
+    # format; vLLM's Run:ai loader says nothing of the weights.
+    (line,) = [x for x in inst.streams["stderr"] if "[RunAI Streamer] Overall time to stream" in x]
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[INFO\] \[RunAI Streamer\] Overall time to stream "
+        r"[\d.]+ (Bytes|KiB|MiB) of all files to cuda: [\d.]+s, [\d.]+ \w+/s",
+        line,
+    ), line
+    assert "Loading weights took" not in inst.output
 
 
 def test_gs_path_without_runai_streamer_is_taken_for_a_hub_repo(launch: Launcher, tmp_path: Path, gcs: FakeGcs) -> None:

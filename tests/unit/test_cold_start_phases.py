@@ -83,7 +83,13 @@ def test_missing_marks_leave_their_phases_out_and_runai_on_cpu_is_timed_by_its_n
     assert phases(T0, at(1.0), marks([])) == {}
     streamed = [
         *start[:1],
-        (4.0, "[RunAI Streamer] Overall time to stream 2.8 MiB of all files: 0.03s, 0.1 GiB/s", False),
+        # runai_model_streamer 0.17.1's own line, on stderr with RUNAI_STREAMER_LOG_TO_STDERR=1
+        (
+            4.0,
+            "2026-12-04 12:29:47,123 [INFO] [RunAI Streamer] Overall time to stream 2.8 MiB of all files to cpu: "
+            "0.03s, 93.3 MiB/s",
+            False,
+        ),
     ]
     assert phases(T0, at(20.0), marks(lines(streamed)))["weights_load"] == 0.03
 

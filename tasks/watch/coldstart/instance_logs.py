@@ -2,7 +2,7 @@
 
 Cloud Logging makes entries readable a few seconds after they are written, so the lines are read again until the
 marks that end a start are there (the startup probe passed, or the API server said it was up) or a deadline passes;
-then the phases say what they can. Entries are read newest-last over REST, as tasks/deploy/revision_logs.py does.
+then the phases say what they can. Entries are read oldest first through tasks/deploy/revision_logs.list_entries.
 """
 
 from __future__ import annotations
@@ -10,12 +10,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 
-from google.api_core import exceptions as gexc
-
 from blocks.target import GcpTarget
-from tasks.common import clients
-from tasks.common.gcp import gcp_errors, with_retry
-from tasks.deploy.revision_logs import LOG_VIEWER_ROLE, MAX_PAGE_SIZE, entry_text, revision_filter
+from tasks.deploy.revision_logs import MAX_PAGE_SIZE, entry_text, list_entries, revision_filter
 from tasks.watch.coldstart.phases import LogLine, Marks, marks
 
 SYSTEM_LOG = "run.googleapis.com%2Fvarlog%2Fsystem"
@@ -24,7 +20,6 @@ SYSTEM_LOG = "run.googleapis.com%2Fvarlog%2Fsystem"
 # is not read as this request's.
 CLOCK_SKEW = timedelta(seconds=1)
 LOGS_DEADLINE_S = 120.0  # how long the lines may take to become readable
-MAX_PAGES = 20
 
 
 def entry_line(entry: dict) -> tuple[str, LogLine] | None:
@@ -39,27 +34,13 @@ def entry_line(entry: dict) -> tuple[str, LogLine] | None:
 
 def read_lines(target: GcpTarget, service_id: str, revision: str, since: datetime) -> dict[str, list[LogLine]]:
     """Each instance's lines since ``since``, oldest first."""
-    rest = clients.logging_api(target)
     query = f'{revision_filter(target, service_id, revision)}\ntimestamp>="{since.isoformat()}"'
-    body: dict = {"resourceNames": [f"projects/{target.project}"], "filter": query, "orderBy": "timestamp asc",
-                  "pageSize": MAX_PAGE_SIZE}  # fmt: skip
-
-    def page(request: dict) -> dict:
-        response = rest.session.post(rest.url("entries:list"), json=request, timeout=60)
-        if response.status_code >= 400:
-            raise gexc.from_http_response(response)
-        return response.json() if response.content else {}
-
+    request = {"resourceNames": [f"projects/{target.project}"], "filter": query, "orderBy": "timestamp asc",
+               "pageSize": MAX_PAGE_SIZE}  # fmt: skip
     by_instance: dict[str, list[LogLine]] = {}
-    with gcp_errors("logging", LOG_VIEWER_ROLE, f"reading the logs of {service_id}", target):
-        for _ in range(MAX_PAGES):
-            answer = with_retry(lambda request=dict(body): page(request))
-            for entry in answer.get("entries", []):
-                if (found := entry_line(entry)) is not None:
-                    by_instance.setdefault(found[0], []).append(found[1])
-            if not (token := answer.get("nextPageToken")):
-                break
-            body["pageToken"] = token
+    for entry in list_entries(target, request, f"reading the logs of {service_id}"):
+        if (found := entry_line(entry)) is not None:
+            by_instance.setdefault(found[0], []).append(found[1])
     return by_instance
 
 

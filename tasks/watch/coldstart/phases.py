@@ -44,9 +44,10 @@ _LOAD_STARTED = re.compile(r"Starting to load model ")
 _WEIGHTS = re.compile(
     r"Loading weights took ([\d.]+) seconds|Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) s"
 )
-# runai_streamer's own figure, printed only with RUNAI_STREAMER_LOG_TO_STDERR=1 ("[RunAI Streamer] Overall time to
-# stream 2.8 MiB of all files: 0.03s, ...", measured here with bench/load_modes.py).
-_STREAMED = re.compile(r"Overall time to stream [\d.]+ \w+ of all files: ([\d.]+)s")
+# runai_streamer's own figure, on stderr only with RUNAI_STREAMER_LOG_TO_STDERR=1 (which render.streamer_env sets):
+# "... [INFO] [RunAI Streamer] Overall time to stream 2.8 MiB of all files to cpu: 0.03s, 93.3 MiB/s"
+# (runai_model_streamer 0.17.1, safetensors_streamer.py:237).
+_STREAMED = re.compile(r"Overall time to stream .+? of all files(?: to \S+)?: ([\d.]+)s")
 # monitor.py:62 "torch.compile took %.2f s in total" (older: "takes"). On CPU vLLM hands compile to Inductor and says
 # only "Warming up model for the compilation..." and "Warming up done." (cpu_model_runner.py:87, :91).
 _COMPILE = re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total")
