@@ -262,8 +262,9 @@ def test_generic_image_runs_on_rtx_pro_6000(launch: Launcher, root: Path) -> Non
 def test_port_flag_must_match_the_container_port(launch: Launcher, root: Path) -> None:
     args = ["vllm", "serve", MODEL_PATH, "--port", "8000", "--host", "0.0.0.0", "--enforce-eager"]
     inst = launch(args, root=root, container_port=8080)
+    # vLLM's address line (stdout) and uvicorn's ready line (stderr) come on two pipes in no fixed order: wait for both.
     inst.wait_line(READY_LINE)
-    assert "http://0.0.0.0:8000" in inst.output
+    inst.wait_line("http://0.0.0.0:8000")
     assert not port_open(inst.host_port), "nothing listens where Cloud Run probes"
 
 

@@ -68,6 +68,10 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "root"
 
 
+LAST_STARTUP_STDOUT_LINE = "Route: /v1/completions, Methods: POST"  # sandbox/vllm/entrypoint.py, as vLLM 0.32
+LAST_STARTUP_STDERR_LINE = "Application startup complete."  # uvicorn's, on stderr
+
+
 @dataclass
 class Instance:
     """A running stand-in with its stdout and stderr collected line by line."""
@@ -122,6 +126,10 @@ class Instance:
             if self.process.poll() is not None:
                 pytest.fail(f"exited {self.process.returncode} before listening:\n{self.output}")
             if port_open(self.host_port):
+                # Its start-up lines, printed before it listened, may still be in the pipes (stdout and stderr are
+                # read apart, on a loaded machine late): collect through the last of each before callers read them.
+                self.wait_line(LAST_STARTUP_STDOUT_LINE, timeout=max(deadline - time.monotonic(), 5))
+                self.wait_line(LAST_STARTUP_STDERR_LINE, timeout=max(deadline - time.monotonic(), 5))
                 return
             time.sleep(0.01)
         pytest.fail(f"port {self.host_port} not open within {timeout} s:\n{self.output}")
