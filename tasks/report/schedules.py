@@ -80,11 +80,11 @@ def late_scale_up(scheduled: datetime, now: datetime, warm_until: str, timezone:
     would start a GPU at night, if only until the scale-down queued behind it."""
     zone = ZoneInfo(timezone)
     hour, minute = (int(part) for part in warm_until.split(":"))
-    local = scheduled.astimezone(zone)
+    local = datetime.fromtimestamp(scheduled.timestamp(), zone)  # stdlib, even from Prefect's pendulum times
     end = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
-    if now.astimezone(zone) < end:
+    running = datetime.fromtimestamp(now.timestamp(), zone)
+    if running < end:
         return None
-    running = now.astimezone(zone)
     return (
         f"this scale-up was due at {local:%Y-%m-%d %H:%M} {timezone} and runs at {running:%Y-%m-%d %H:%M}, after that "
         f"day's warm hours ended at {warm_until}: nothing is started at night"
