@@ -64,7 +64,7 @@ engine:
 # Promotions served by the real engine (tests/engine): staging, deploy, probe on the real /health, verify, watch,
 # scale to zero and back, rollback, teardown; and every rendered argv through the real `vllm serve` parser.
 test-engine: $(BIN)/.installed engine
-	TIER_SKIPS_FAIL=1 SANDBOX_ENGINE_VENV=$(CURDIR)/$(ENGINE_VENV) $(BIN)/python -m pytest -q tests/engine
+	TIER_SKIPS_FAIL=1 SANDBOX_ENGINE_VENV=$(CURDIR)/$(ENGINE_VENV) $(BIN)/python -m pytest -q --durations=12 tests/engine
 
 # The production topology for real (tests/worker): prefect-gcp's cloud-run-v2 worker, unpatched, runs promote-model as
 # Cloud Run jobs of the sandbox, which answers as https://run.googleapis.com inside a private network namespace
