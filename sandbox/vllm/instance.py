@@ -25,6 +25,10 @@ class Mount:
     bucket: str
     only_dir: str | None = None
     read_only: bool = True
+    # A read-write volume whose objects the instance's service account may also create (storage.objects.create on
+    # the only_dir prefix, judged by the control plane at start). A read-write volume without it mounts, but every
+    # write fails, as gcsfuse's uploads do with 403.
+    writable: bool = False
 
     def object_prefix(self, container_path: str) -> str | None:
         """The object-name prefix ``container_path`` shows, or None when the path is outside this mount."""
@@ -220,6 +224,7 @@ class InstanceEnv:
                 bucket=m["bucket"],
                 only_dir=m.get("only_dir"),
                 read_only=m.get("read_only", True),
+                writable=bool(m.get("writable", False)) and not m.get("read_only", True),
             )
             for m in (_json(env, "SANDBOX_MOUNTS") or [])
         )
