@@ -14,8 +14,7 @@ Environment contract (set by the Cloud Run stand-in):
 - ``SANDBOX_ACCELERATOR`` (``nvidia-l4``, ``nvidia-rtx-pro-6000`` or empty for CPU),
   ``SANDBOX_DRIVER_CUDA`` and ``SANDBOX_IMAGE_CUDA`` (e.g. 12020 = CUDA 12.2; image 0 = CPU build).
 - ``SANDBOX_MOUNTS``: JSON list of Cloud Storage volumes {mount_path, bucket, only_dir, read_only, writable},
-  read
-  from the GCS emulator at ``STORAGE_EMULATOR_HOST``. ``SANDBOX_ROOT``: the container's root filesystem.
+  read from the GCS emulator at ``STORAGE_EMULATOR_HOST``. ``SANDBOX_ROOT``: the container's root filesystem.
 - ``SANDBOX_IMAGE_FILES``: JSON {container path: text} of a built image's entrypoint script; an exec-args
   command naming one (or a shell) runs under ``/bin/sh`` with the stand-in as ``vllm`` (image_script.py).
 - ``SANDBOX_TIME_SCALE``: real seconds per simulated second. ``SANDBOX_VLLM_FAULTS``: optional JSON faults.
