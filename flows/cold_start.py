@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 import httpx
+from google.cloud import run_v2
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from pydantic import SecretStr
@@ -24,6 +25,7 @@ from flows.common import DEFAULT_TARGET, load_target, service_lock
 from flows.service_lock import ServiceLockTimeout
 from tasks.common import clients
 from tasks.common.logs import run_logger
+from tasks.deploy import compile_cache
 from tasks.watch.coldstart.copy import copy_id, create_copy, delete_copy
 from tasks.watch.coldstart.instance_logs import cold_start_marks
 from tasks.watch.coldstart.phases import phases
@@ -54,13 +56,16 @@ def measure(
     found = cold_start_marks(target, copy, revision, timed.sent, timed.first_token)
     if found is None:
         run_logger().warning("sample #%d found an instance running: not a cold start, not counted", number)
-        return Sample(number=number, ttft_s=timed.ttft_s, cold=False, refused_for_s=timed.refused_for_s)
+        return Sample(number=number, ttft_s=timed.ttft_s, cold=False, refused_for_s=timed.refused_for_s,
+                      decode_tokens_per_s=timed.decode_tokens_per_s)  # fmt: skip
     instance, marks = found
     sample = Sample(number=number, ttft_s=timed.ttft_s, phases=phases(timed.sent, timed.first_token, marks),
                     instance=instance[:12], refused_for_s=timed.refused_for_s,
+                    decode_tokens_per_s=timed.decode_tokens_per_s,
                     weights_gib=marks.weights_gib)  # fmt: skip
     said = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in sample.phases.items())
-    run_logger().info("cold start #%d: first token after %.1f s (%s)", number, sample.ttft_s, said)
+    decode = f"; then {sample.decode_tokens_per_s:.1f} tokens/s" if sample.decode_tokens_per_s else ""
+    run_logger().info("cold start #%d: first token after %.1f s (%s)%s", number, sample.ttft_s, said, decode)
     return sample
 
 
@@ -111,9 +116,19 @@ def _measure(gcp: GcpTarget, service: str, samples: int, prompt: str) -> ColdSta
     finally:
         run_delete_copy(gcp, service)
     cold = [sample for sample in measured if sample.cold]
+    cache = cache_folder(copy)
     return ColdStartReport(service=service, revision=revision, copy_service=copy_name, copy_revision=copied,
-                           samples=measured,
-                           recommendation=recommend(cold) if cold else "no sample was a cold start")  # fmt: skip
+                           samples=measured, compile_cache=cache,
+                           recommendation=recommend(cold, cache) if cold else "no sample was a cold start")  # fmt: skip
+
+
+def cache_folder(service: run_v2.Service) -> str | None:
+    """gs://BUCKET/FOLDER of the copy's compile cache volume, when the profile keeps one."""
+    for volume in service.template.volumes:
+        if volume.name == compile_cache.VOLUME:
+            folder = next((o.split("=", 1)[1] for o in volume.gcs.mount_options if o.startswith("only-dir=")), "")
+            return f"gs://{volume.gcs.bucket}/{folder}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -105,7 +105,7 @@ def ensure_infrastructure(target: GcpTarget, profile: ServingProfile, source: Mo
     results = [step(target) for step in steps]
     # Deploying as the serving account needs actAs on it: say so now, before any weights are staged.
     act_as.iam_check_act_as(target, target.service_account_email, "deploying as the serving account")
-    results.append(access.gcs_grant_object_viewer(target))
+    results.append(access.gcs_grant_object_viewer(target, profile.compile_cache))
     if profile.metrics == "vllm":  # the Prometheus sidecar writes vLLM's metrics as the serving account
         results.append(access.resourcemanager_grant_metric_writer(target))
     if profile.build is not None:  # builds run as their own least-privilege identity (tasks/infra/build_identity.py)

@@ -29,6 +29,7 @@ from blocks.hardware import GPUS, MODEL_GARDEN_VLLM_IMAGE
 from blocks.profile import ServingProfile
 from blocks.source import ModelSource
 from blocks.target import GcpTarget
+from tasks.deploy import compile_cache
 from tasks.deploy.metrics_sidecar import memory_quantity, sidecar_container, vllm_share
 from tasks.deploy.vllm_argv import flag_value, merge_flags
 from tasks.image.image_reference import same_repository
@@ -270,7 +271,12 @@ def _vllm_container(
     """The ingress container: vLLM with its args, environment, resources, port, startup and liveness probes."""
     model = model_location(profile, target, weights)
     # Offline unless the profile asks for runtime Hub access: then HF_HUB_OFFLINE=1 would refuse every Hub call.
-    env = {**({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}), **streamer_env(profile), **profile.env}
+    env = {
+        **({} if profile.hf_token_at_runtime else {"HF_HUB_OFFLINE": "1"}),
+        **streamer_env(profile),
+        **compile_cache.cache_env(profile),
+        **profile.env,
+    }
     if entrypoint_style(image, profile) == "env-wrapper":
         env.update({"MODEL_PATH": model, "SERVED_MODEL_NAME": source.served_model_name})
     split = vllm_share(profile.cpu, profile.memory_gib, profile.gpu_type, profile.metrics == "vllm")
@@ -338,10 +344,18 @@ def render_service(
             egress=vpc_egress(profile),
         ),
     )
+    volumes, mounts = [], []
     if profile.load_mode == "gcs-volume":
-        template.volumes = [_weights_volume(profile, target)]
-        # proto-plus copied the container into the template: mount through the template's own copy.
-        template.containers[0].volume_mounts = [run_v2.VolumeMount(name=VOLUME, mount_path=profile.mount_path)]
+        volumes.append(_weights_volume(profile, target))
+        mounts.append(run_v2.VolumeMount(name=VOLUME, mount_path=profile.mount_path))
+    if profile.compile_cache:
+        model = model_location(profile, target, weights)
+        folder = compile_cache.cache_folder(profile, image, weights.repo_id, weights.commit, model)
+        volumes.append(compile_cache.cache_volume(target, folder))
+        mounts.append(run_v2.VolumeMount(name=compile_cache.VOLUME, mount_path=compile_cache.MOUNT_PATH))
+    template.volumes = volumes
+    # proto-plus copied the container into the template: mount through the template's own copy.
+    template.containers[0].volume_mounts = mounts
     if profile.gpu_type:
         template.node_selector = run_v2.NodeSelector(accelerator=profile.gpu_type)
         template.gpu_zonal_redundancy_disabled = not profile.gpu_zonal_redundancy
@@ -402,7 +416,8 @@ def gcloud_command(service_id: str, target: GcpTarget, service: run_v2.Service) 
         )
     for volume in template.volumes:
         parts.append(
-            f"--add-volume=name={volume.name},type=cloud-storage,bucket={volume.gcs.bucket},readonly=true,"
+            f"--add-volume=name={volume.name},type=cloud-storage,bucket={volume.gcs.bucket},"
+            f"readonly={str(volume.gcs.read_only).lower()},"
             f"mount-options={';'.join(volume.gcs.mount_options)}"
         )
     labels = ",".join(f"{k}={v}" for k, v in sorted(template.labels.items()))
@@ -475,7 +490,7 @@ def _knative_env(var: run_v2.EnvVar) -> dict:
 
 def _knative_volume(volume: run_v2.Volume) -> dict:
     attributes = {"bucketName": volume.gcs.bucket, "mountOptions": ",".join(volume.gcs.mount_options)}
-    csi = {"driver": "gcsfuse.run.googleapis.com", "readOnly": True, "volumeAttributes": attributes}
+    csi = {"driver": "gcsfuse.run.googleapis.com", "readOnly": volume.gcs.read_only, "volumeAttributes": attributes}
     return {"name": volume.name, "csi": csi}
 
 

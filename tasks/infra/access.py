@@ -14,10 +14,12 @@ from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.gcp import POLICY_CONFLICT_RETRY, EnsureResult, InfraError, gcp_errors
 from tasks.common.permissions import METRIC_WRITER_ROLE
+from tasks.deploy import compile_cache
 from tasks.infra.ensure import PUBLIC_MEMBERS, secret_path
 from tasks.infra.propagation import note_grant, when_visible
 
 OBJECT_VIEWER = "roles/storage.objectViewer"
+CACHE_WRITER = "roles/storage.objectUser"
 SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
 RUN_INVOKER = "roles/run.invoker"
 
@@ -26,27 +28,43 @@ def _member(target: GcpTarget) -> str:
     return f"serviceAccount:{target.service_account_email}"
 
 
-def grant_bucket_object_viewer(target: GcpTarget) -> EnsureResult:
-    """objectViewer for the serving account on the model bucket, and no other role of its there."""
+def grant_bucket_object_viewer(target: GcpTarget, compile_cache: bool = False) -> EnsureResult:
+    """objectViewer for the serving account on the model bucket, and no other role of its there; with
+    ``compile_cache``, also roles/storage.objectUser on objects under compile-cache/ alone (an IAM condition).
+
+    The conditional grant is never removed here: the account serves every service of the target, and another
+    service may keep its compile cache there (tasks/deploy/compile_cache.py)."""
     bucket = clients.storage(target).bucket(target.bucket_name)
     member = _member(target)
+    cache_writer = compile_cache_binding(target.bucket_name)
+
+    def ours(binding: dict) -> bool:
+        return binding["role"] == cache_writer["role"] and binding.get("condition") == cache_writer["condition"]
 
     def edit() -> list[str]:
         policy = bucket.get_iam_policy(requested_policy_version=3)
         changes = []
         for binding in policy.bindings:
-            if binding["role"] != OBJECT_VIEWER and member in binding["members"]:
+            viewer = binding["role"] == OBJECT_VIEWER and not binding.get("condition")
+            if not viewer and not ours(binding) and member in binding["members"]:
                 binding["members"].discard(member)
                 changes.append(f"removed {binding['role']}")
-        viewer = next((b for b in policy.bindings if b["role"] == OBJECT_VIEWER), None)
-        if viewer is None:
-            policy.bindings.append({"role": OBJECT_VIEWER, "members": {member}})
-            changes.append(f"granted {OBJECT_VIEWER}")
-        elif member not in viewer["members"]:
-            viewer["members"].add(member)
-            changes.append(f"granted {OBJECT_VIEWER}")
+        wanted = [({"role": OBJECT_VIEWER}, OBJECT_VIEWER)]
+        if compile_cache:
+            wanted.append((cache_writer, f"{CACHE_WRITER} on {compile_cache_prefix(target.bucket_name)}"))
+        for shape, said in wanted:
+            found = next((b for b in policy.bindings if b["role"] == shape["role"]
+                          and b.get("condition") == shape.get("condition")), None)  # fmt: skip
+            if found is None:
+                policy.bindings.append({**shape, "members": {member}})
+                changes.append(f"granted {said}")
+            elif member not in found["members"]:
+                found["members"].add(member)
+                changes.append(f"granted {said}")
         if changes:
             policy.bindings = [b for b in policy.bindings if b["members"]]
+            if any(b.get("condition") for b in policy.bindings):
+                policy.version = 3  # conditional bindings need version 3 (IAM docs, "Policy versions")
             bucket.set_iam_policy(policy)
         return changes
 
@@ -56,6 +74,23 @@ def grant_bucket_object_viewer(target: GcpTarget) -> EnsureResult:
     if changes:
         note_grant(target.service_account_email, target.bucket_name)  # the revision mounting it right after waits
     return _result("iam", f"gs://{target.bucket_name} {OBJECT_VIEWER} {member}", changes)
+
+
+def compile_cache_prefix(bucket: str) -> str:
+    return f"gs://{bucket}/{compile_cache.PREFIX}/"
+
+
+def compile_cache_binding(bucket: str) -> dict:
+    """objectUser (create, read, overwrite, delete objects) on the compile caches only: uniform bucket-level access
+    (which the model bucket has, tasks/infra/ensure.py) is what allows a condition on a bucket's policy."""
+    return {
+        "role": CACHE_WRITER,
+        "condition": {
+            "title": "compile-cache only",
+            "description": "vLLM's compile caches (promote-model, compile_cache); the weights stay read-only",
+            "expression": compile_cache.condition_expression(bucket),
+        },
+    }
 
 
 def set_role_members(client, resource: str, role: str, wanted: set[str], exact: bool) -> list[str]:

@@ -49,6 +49,7 @@ def test_cold_starts_are_measured_on_a_copy_phase_by_phase_and_production_is_unt
         assert sample.phases["weights_load"] > 0, sample.phases
         # ... and Cloud Run's lines bound the rest: the instance it started, the probe that passed.
         assert {"instance_start", "container_start", "startup_probe", "first_token"} <= set(sample.phases), sample
+        assert sample.decode_tokens_per_s and sample.decode_tokens_per_s > 0, "the same request times the decode"
     assert report.samples[0].instance != report.samples[1].instance, "each sample is a new instance"
     assert report.recommendation.startswith("compile takes 210.0 s"), report.recommendation
     assert traffic(flow_env, service) == before and writes_to(sb, since, service) == []
@@ -57,6 +58,7 @@ def test_cold_starts_are_measured_on_a_copy_phase_by_phase_and_production_is_unt
     assert not [i for i in sb.run("GET", "/instances") if f"/services/{service}-cold/" in i["revision"]]
     text = artifact(f"cold-start-{service}")
     assert "| #1 |" in text and "| #2 |" in text and "**Recommendation:** compile takes" in text, text
+    assert "| decode tok/s |" in text and "turn on the profile's compile_cache" in text, text
 
 
 def test_a_new_projects_quota_refuses_the_copy_and_nothing_is_left(sb, flow_env):

@@ -26,6 +26,9 @@ class Sample(BaseModel):
     instance: str | None = None
     refused_for_s: float = Field(0.0, description="Seconds the request was refused before (a GPU not yet released).")
     weights_gib: float | None = None
+    decode_tokens_per_s: float | None = Field(
+        None, description="The same request's tokens after the first, a second: what compiling buys (issue 38)."
+    )
 
     @property
     def explained_s(self) -> float:
@@ -40,6 +43,7 @@ class ColdStartReport(BaseModel):
     copy_service: str
     copy_revision: str = Field("", description="The copy's revision: its logs stay in Cloud Logging after it is gone.")
     samples: list[Sample]
+    compile_cache: str | None = Field(None, description="The compile cache's folder in the bucket, when it has one.")
     recommendation: str = ""
 
     @property
@@ -53,7 +57,7 @@ def medians(samples: list[Sample]) -> dict[str, float]:
     return {name: round(statistics.median(values), 3) for name, values in found.items() if values}
 
 
-def recommend(samples: list[Sample]) -> str:
+def recommend(samples: list[Sample], compile_cache: str | None = None) -> str:
     """What to try first, from the phase that takes the most time (medians over the cold samples)."""
     typical = medians(samples)
     if not typical:
@@ -72,8 +76,15 @@ def recommend(samples: list[Sample]) -> str:
         + (f" ({sizes[0]:.1f} GiB at {sizes[0] * 1024 / seconds:.0f} MB/s)" if sizes and seconds else "")
         + ": try the profile's load_mode runai-streamer (parallel ranged reads from the bucket), or Direct VPC "
         "egress for the Cloud Storage volume",
-        "compile": "torch.compile dominates: keep vLLM's and Inductor's compile caches between starts, or set "
-        "vllm.enforce_eager (starts faster, decodes slower)",
+        "compile": (
+            f"torch.compile dominates although the compile cache is on ({compile_cache}): a start after a change of "
+            "image, commit or vLLM options compiles and saves once; when every start compiles, look in the copy's "
+            "logs for failed writes under /mnt/compile-cache (the serving account's grant on compile-cache/)"
+            if compile_cache
+            else "torch.compile dominates: turn on the profile's compile_cache (vLLM's and Inductor's caches kept in "
+            "the bucket: the first start compiles and saves, the next ones restore), or set vllm.enforce_eager "
+            "(starts faster, decodes slower)"
+        ),
         "graph_capture": "CUDA graph capture dominates: capture fewer sizes (vllm.extra_args --cuda-graph-sizes), or "
         "set vllm.enforce_eager",
         "kv_cache_init": "memory profiling and the KV cache: size it yourself (--kv-cache-memory-bytes) or lower "
@@ -105,12 +116,17 @@ def markdown(report: ColdStartReport) -> str:
              f"`{report.copy_service}` (deleted after; its logs are revision `{report.copy_revision}`'s); "
              "production traffic untouched.", ""]  # fmt: skip
     names = [name for name in PHASES if any(name in s.phases for s in cold)]
-    lines += ["| sample | time to first token | " + " | ".join(names) + " | explained |",
-              "|---" * (len(names) + 3) + "|"]  # fmt: skip
+    if report.compile_cache:
+        lines += [f"Compile cache: `{report.compile_cache}` (restored at each start, saved by the first).", ""]
+    lines += ["| sample | time to first token | " + " | ".join(names) + " | explained | decode tok/s |",
+              "|---" * (len(names) + 4) + "|"]  # fmt: skip
     for sample in report.samples:
         cells = [f"{sample.phases[n]:.1f}" if n in sample.phases else "-" for n in names]
         explained = f"{sample.explained_s / sample.ttft_s:.0%}" if sample.cold and sample.ttft_s else "not cold"
-        lines.append(f"| #{sample.number} | {sample.ttft_s:.1f} s | " + " | ".join(cells) + f" | {explained} |")
+        decode = f"{sample.decode_tokens_per_s:.1f}" if sample.decode_tokens_per_s else "-"
+        lines.append(
+            f"| #{sample.number} | {sample.ttft_s:.1f} s | " + " | ".join(cells) + f" | {explained} | {decode} |"
+        )
     lines += ["", *chart(cold), "", f"**Recommendation:** {report.recommendation}", "", "Phases:", ""]
     lines += [f"- `{name}`: {PHASES[name]}" for name in names]
     return "\n".join(lines) + "\n"

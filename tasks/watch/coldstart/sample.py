@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import httpx
 from google.cloud import run_v2
@@ -22,6 +23,7 @@ from tasks.deploy.rollout import AUTOMATIC, resume_serving, stop_serving
 
 NO_INSTANCE = (429, 503)  # Cloud Run's answers while no instance can take the request
 RETRY_CAP_S = 15.0
+DECODE_TOKENS = 64
 
 
 class Timed(BaseModel):
@@ -32,6 +34,7 @@ class Timed(BaseModel):
     ttft_s: float
     refused_for_s: float = 0.0
     refusals: int = 0
+    decode_tokens_per_s: float | None = None
 
 
 class NoFirstToken(RuntimeError):
@@ -44,25 +47,50 @@ def restart_from_zero(target: GcpTarget, copy_id: str) -> None:
     resume_serving(target, copy_id, run_v2.ServiceScaling(scaling_mode=AUTOMATIC), max_instances=1)
 
 
-def first_token(response: httpx.Response) -> bool:
-    """Reads the stream up to its first token; False when it ended without one."""
+@dataclass
+class Stream:
+    """What a streamed completion gave: when its first and last tokens came, and how many there were."""
+
+    first_at: float | None = None
+    last_at: float | None = None
+    chunks: int = 0
+    completion_tokens: int | None = None  # vLLM's usage (stream_options.include_usage), when it sends it
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time they took: the engine's decode speed for one sequence."""
+        tokens = self.completion_tokens or self.chunks
+        if self.first_at is None or self.last_at is None or tokens < 2 or self.last_at <= self.first_at:
+            return None
+        return round((tokens - 1) / (self.last_at - self.first_at), 2)
+
+
+def read_stream(response: httpx.Response) -> Stream:
+    """Reads the stream to its end, timing its first and last content chunks."""
+    stream = Stream()
     for line in response.iter_lines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         chunk = json.loads(line.removeprefix("data: "))
         if "error" in chunk:
             raise NoFirstToken(f"the stream failed: {chunk['error']}")
-        for choice in chunk.get("choices", []):
-            if (choice.get("delta") or {}).get("content"):
-                return True
-    return False
+        if chunk.get("usage"):
+            stream.completion_tokens = chunk["usage"].get("completion_tokens")
+        if any((choice.get("delta") or {}).get("content") for choice in chunk.get("choices", [])):
+            now = time.monotonic()
+            stream.first_at = stream.first_at if stream.first_at is not None else now
+            stream.last_at, stream.chunks = now, stream.chunks + 1
+    return stream
 
 
 def timed_request(url: str, token: SecretStr, served_name: str, prompt: str, deadline_s: float) -> Timed:
     """One streamed chat completion to ``url``, timed to its first token; refusals for want of an instance are sent
     again, backing off, until ``deadline_s``."""
-    body = {"model": served_name, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
-            "temperature": 0, "stream": True}  # fmt: skip
+    # DECODE_TOKENS tokens whatever the model would say (vLLM's ignore_eos), so the same request also gives the
+    # decode speed: what a compiled engine gains over an eager one (issue 38).
+    body = {"model": served_name, "messages": [{"role": "user", "content": prompt}], "max_tokens": DECODE_TOKENS,
+            "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
     began, pause, refusals = time.monotonic(), 0.5, 0
     with httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(deadline_s, connect=30)) as client:
@@ -70,11 +98,13 @@ def timed_request(url: str, token: SecretStr, served_name: str, prompt: str, dea
             sent, started = datetime.now(UTC), time.monotonic()
             with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code == 200:
-                    if not first_token(response):
+                    stream = read_stream(response)
+                    if stream.first_at is None:
                         raise NoFirstToken("the stream ended without a token")
-                    ttft = time.monotonic() - started
-                    return Timed(sent=sent, first_token=datetime.now(UTC), ttft_s=round(ttft, 3),
-                                 refused_for_s=round(started - began, 3), refusals=refusals)  # fmt: skip
+                    ttft = stream.first_at - started
+                    return Timed(sent=sent, first_token=sent + timedelta(seconds=ttft), ttft_s=round(ttft, 3),
+                                 refused_for_s=round(started - began, 3), refusals=refusals,
+                                 decode_tokens_per_s=stream.decode_tokens_per_s)  # fmt: skip
                 response.read()
                 if response.status_code not in NO_INSTANCE or time.monotonic() - began > deadline_s:
                     raise NoFirstToken(f"HTTP {response.status_code}: {response.text[:200]}")
