@@ -37,9 +37,10 @@ class Usage:
     secrets: set[str] = field(default_factory=set)
     images: set[str] = field(default_factory=set)
     staged: set[tuple[str, str]] = field(default_factory=set)  # (bucket, object prefix of a staged commit)
+    caches: set[tuple[str, str]] = field(default_factory=set)  # (bucket, folder of a compile cache it writes)
 
     def add(self, other: Usage) -> None:
-        for name in ("accounts", "buckets", "networks", "subnets", "secrets", "images", "staged"):
+        for name in ("accounts", "buckets", "networks", "subnets", "secrets", "images", "staged", "caches"):
             getattr(self, name).update(getattr(other, name))
 
 
@@ -48,10 +49,10 @@ def _last(name: str) -> str:
 
 
 def _mounts(revision: run_v2.Revision, container: run_v2.Container) -> dict[str, tuple[str, str]]:
-    """Each mount path of a Cloud Storage volume in ``container``: (bucket, the only-dir it shows, or "")."""
+    """Each mount path of a read-only Cloud Storage volume in ``container``: (bucket, the only-dir it shows, or "")."""
     volumes = {}
     for volume in revision.volumes:
-        if volume.gcs.bucket:
+        if volume.gcs.bucket and volume.gcs.read_only:  # weights are mounted read-only; a compile cache is not
             only = next((o.split("=", 1)[1] for o in volume.gcs.mount_options if o.startswith("only-dir=")), "")
             volumes[volume.name] = (volume.gcs.bucket, only.strip("/"))
     return {m.mount_path.rstrip("/"): volumes[m.name] for m in container.volume_mounts if m.name in volumes}
@@ -76,8 +77,19 @@ def staged_commits(revision: run_v2.Revision) -> set[tuple[str, str]]:
     return found
 
 
+def cache_folders(revision: run_v2.Revision) -> set[tuple[str, str]]:
+    """The compile caches a revision writes: its read-write Cloud Storage volumes' folders (tasks/deploy/
+    compile_cache.py)."""
+    found = set()
+    for volume in revision.volumes:
+        only = next((o.split("=", 1)[1] for o in volume.gcs.mount_options if o.startswith("only-dir=")), "")
+        if volume.gcs.bucket and not volume.gcs.read_only and only.strip("/"):
+            found.add((volume.gcs.bucket, only.strip("/")))
+    return found
+
+
 def revision_usage(revision: run_v2.Revision) -> Usage:
-    usage = Usage(staged=staged_commits(revision))
+    usage = Usage(staged=staged_commits(revision), caches=cache_folders(revision))
     if revision.service_account:
         usage.accounts.add(revision.service_account)
     usage.buckets |= {v.gcs.bucket for v in revision.volumes if v.gcs.bucket} | {b for b, _ in usage.staged}
@@ -107,7 +119,8 @@ class TargetUsage:
         return sorted(s for s, usage in self.others.items() if name in getattr(usage, kind))
 
     def staged_users(self, bucket: str, prefix: str) -> list[str]:
-        return sorted(s for s, usage in self.others.items() if (bucket, prefix) in usage.staged)
+        """Other services that read the staged commit, or write the compile cache, at ``prefix``."""
+        return sorted(s for s, u in self.others.items() if (bucket, prefix) in u.staged | u.caches)
 
     def image_users(self, target: GcpTarget) -> list[str]:
         """Other services running an image from the target's Artifact Registry repository."""

@@ -17,6 +17,7 @@ from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for
 from tasks.common.naming import REPORTS_PREFIX, SERVICE_ID, reports_prefix
+from tasks.deploy.compile_cache import PREFIX as CACHE_PREFIX
 from tasks.infra.ensure import (
     iam_call,
     repository_path,
@@ -178,7 +179,7 @@ def delete_staged_weights(target: GcpTarget, usage: TargetUsage) -> EnsureResult
         if bucket is None:
             return EnsureResult(kind="bucket", name=name, action="absent")
         changes, deleted = [], 0
-        for _, prefix in sorted(p for p in usage.own.staged if p[0] == bucket_name):
+        for _, prefix in sorted(p for p in usage.own.staged | usage.own.caches if p[0] == bucket_name):
             if users := usage.staged_users(bucket_name, prefix):
                 changes.append(f"kept {name}/{prefix}: {', '.join(users)} serve it too")
                 continue
@@ -204,9 +205,13 @@ def _left_in_bucket(storage, bucket) -> list[str]:
     loose = [blob.name for blob in listing]  # objects at the top (consumes the pages, which fills .prefixes)
     top = set(listing.prefixes)
     reasons = []
-    if top - {f"{REPORTS_PREFIX}/"} or loose:
+    if top - {f"{REPORTS_PREFIX}/", f"{CACHE_PREFIX}/"} or loose:
         reasons.append("the bucket: it holds weights staged for no service (a promotion staging now, or one that "
                        "failed); delete them by hand if they are not needed")  # fmt: skip
+    if f"{CACHE_PREFIX}/" in top:
+        reasons.append(f"the bucket: it holds compile caches under {CACHE_PREFIX}/ that no torn-down revision wrote "
+                       "(another service's, or an older configuration's); delete them by hand if they are not needed: "
+                       f"`gcloud storage rm -r gs://{bucket.name}/{CACHE_PREFIX}/`")  # fmt: skip
     if f"{REPORTS_PREFIX}/" in top:
         services = storage.list_blobs(bucket, prefix=f"{REPORTS_PREFIX}/", delimiter="/")
         list(services)

@@ -1,0 +1,175 @@
+"""The compile cache on the real engine: eager, compiled, and compiled with the cache kept in the bucket.
+
+sandbox/tiny-llama (deployments/sandbox/tiny-llama.yaml, the cpu preset) is promoted on ONE sandbox with the real
+vLLM engine (``make engine`` first) three times, each on its own service and profile:
+
+- ``eager``: the cpu preset as shipped (--enforce-eager);
+- ``compiled``: vllm.enforce_eager off, no cache: every start compiles with fresh caches (the instance's own disk);
+- ``cached``: vllm.enforce_eager off and the profile's compile_cache: vLLM's and Inductor's caches on a read-write
+  Cloud Storage volume (tasks/deploy/compile_cache.py). Its folder is emptied before the samples, so sample #1
+  compiles and saves, and the later ones restore.
+
+Then the product's own ``cold-start`` flow measures ``--samples`` cold starts of each (a copy of the serving revision
+started from zero each time): time to first token, the phases read from Cloud Run's and vLLM's lines, and the decode
+speed of the same request (64 tokens, ignore_eos). Printed: a row per sample, then medians, and the ratios that
+answer the issue: the cached start against the first (compiling) one and against eager, and compiled decode speed
+against eager.
+
+In the sandbox the volume is a local folder (sandbox/vllm/real_engine.py) written back to the bucket by the launcher
+(gcsfuse uploads a file when it is closed); on Cloud Run the restore reads through gcsfuse, slower for many small files.
+
+    python -m bench.compile_cache [--engine-venv .engine] [--samples 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "deployments" / "sandbox" / "tiny-llama.yaml"
+KINDS = ("eager", "compiled", "cached")
+SHOWN = ("engine_setup", "weights_load", "compile", "kv_cache_init", "api_server_start", "startup_probe")
+
+
+def profiles() -> dict[str, object]:
+    from blocks.profile import ServingProfile
+
+    compiled = {"vllm": {"max_model_len": 2048, "max_num_seqs": 8, "dtype": "bfloat16", "enforce_eager": False}}
+    return {
+        "eager": ServingProfile.preset("cpu"),
+        "compiled": ServingProfile.preset("cpu", **compiled),
+        "cached": ServingProfile.preset("cpu", compile_cache=True, **compiled),
+    }
+
+
+def empty_cache_folder(report_folder: str | None) -> int:
+    """Delete the cache folder's objects (gs://BUCKET/FOLDER), so the next start compiles; returns how many."""
+    from flows.common import load_target
+    from tasks.common import clients
+
+    if not report_folder:
+        return 0
+    bucket_name, _, folder = report_folder.removeprefix("gs://").partition("/")
+    blobs = list(clients.storage(load_target("sandbox")).list_blobs(bucket_name, prefix=f"{folder}/"))
+    for blob in blobs:
+        blob.delete()
+    return len(blobs)
+
+
+def measure(samples: int, metadata_port: int) -> list[dict]:
+    """Each kind promoted once and measured with the cold-start flow; a row per sample."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.cold_start import cold_start
+    from flows.promote import promote_model
+    from sandbox.blocks import save_sandbox_blocks
+    from sandbox.handle import SandboxHandle
+    from tasks.deploy.probe import VerifyOptions
+
+    rows = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-compile-cache-") as scratch,
+        SandboxHandle.start(Path(scratch), "--metadata-port", str(metadata_port), "--engine", "vllm") as sandbox,
+        prefect_test_harness(server_startup_timeout=300),
+    ):
+        os.environ["HF_ENDPOINT"] = sandbox.hub_url
+        save_sandbox_blocks(Path(scratch))
+        for kind, profile in profiles().items():
+            profile.save(f"bench-cc-{kind}", overwrite=True)
+            service = f"bench-cc-{kind}"
+            promoted = promote_model(spec_file=str(SPEC), service=service, profile=f"bench-cc-{kind}",
+                                     verify=VerifyOptions(health_period_s=0.5))  # fmt: skip
+            print(f"{service}: promoted ({promoted.outcome})", flush=True)
+            if kind == "cached":  # the promotion's start saved it: empty it, so sample #1 compiles and saves
+                folder = cache_folder_of(service)
+                print(f"{service}: emptied {empty_cache_folder(folder)} objects of {folder}", flush=True)
+            report = cold_start(service=service, target="sandbox", samples=samples)
+            for sample in report.samples:
+                rows.append({"kind": kind, "sample": sample.number, "cold": sample.cold, "ttft_s": sample.ttft_s,
+                             "decode_tokens_per_s": sample.decode_tokens_per_s, "phases": sample.phases,
+                             "compile_cache": report.compile_cache})  # fmt: skip
+                print(_row(rows[-1]), flush=True)
+    return rows
+
+
+def cache_folder_of(service: str) -> str | None:
+    """gs://BUCKET/FOLDER of the serving revision's compile cache volume."""
+    from flows.cold_start import cache_folder
+    from flows.common import load_target
+    from tasks.common import clients
+
+    target = load_target("sandbox")
+    return cache_folder(clients.run_services(target).get_service(name=f"{target.location_path}/services/{service}"))
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _row(row: dict) -> str:
+    phases = [_cell(row["phases"].get(name)) for name in SHOWN]
+    cells = [row["kind"], row["sample"], "yes" if row["cold"] else "no", _cell(row["ttft_s"]), *phases,
+             _cell(row["decode_tokens_per_s"])]  # fmt: skip
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+HEADER = ("| kind | sample | cold | ttft s | " + " | ".join(SHOWN) + " | decode tok/s |\n"
+          + "|---" * (len(SHOWN) + 5) + "|")  # fmt: skip
+
+
+def summary(rows: list[dict]) -> dict:
+    """Medians per kind, the cached service's first (compiling) and later (restoring) samples apart, and ratios."""
+
+    def median(kind: str, key: str, samples: slice = slice(None)) -> float | None:
+        values = [r[key] for r in rows if r["kind"] == kind and r["cold"] and r[key] is not None][samples]
+        return round(statistics.median(values), 2) if values else None
+
+    figures = {
+        "eager ttft": median("eager", "ttft_s"),
+        "compiled ttft": median("compiled", "ttft_s"),
+        "cached first ttft (compiles, saves)": median("cached", "ttft_s", slice(0, 1)),
+        "cached later ttft (restores)": median("cached", "ttft_s", slice(1, None)),
+        "eager decode tok/s": median("eager", "decode_tokens_per_s"),
+        "compiled decode tok/s": median("compiled", "decode_tokens_per_s"),
+        "cached decode tok/s": median("cached", "decode_tokens_per_s"),
+    }
+
+    def ratio(a: str, b: str) -> float | None:
+        return round(figures[a] / figures[b], 2) if figures[a] and figures[b] else None
+
+    figures["restored / first"] = ratio("cached later ttft (restores)", "cached first ttft (compiles, saves)")
+    figures["restored / eager"] = ratio("cached later ttft (restores)", "eager ttft")
+    figures["compiled / eager decode"] = ratio("compiled decode tok/s", "eager decode tok/s")
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine-venv", default=str(ROOT / ".engine"))
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    os.environ["SANDBOX_ENGINE_VENV"] = str(Path(args.engine_venv).resolve())
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from sandbox.metadata import point_google_auth_at
+
+    metadata_port = point_google_auth_at()
+    print(f"machine: {os.cpu_count()} cores; {args.samples} cold starts of each of {', '.join(KINDS)}\n")
+    print(HEADER)
+    rows = measure(args.samples, metadata_port)
+    figures = summary(rows)
+    print("\n| figure | value |\n|---|---|")
+    for name, value in figures.items():
+        print(f"| {name} | {_cell(value)} |")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "summary": figures}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
