@@ -12,7 +12,9 @@ from google.api_core import exceptions as gexc
 from blocks.profile import ServingProfile
 from flows.cold_start import cold_start
 from flows.common import service_lock
-from sandbox.vllm.timing import CUDA_GRAPH_CAPTURE_S, KV_CACHE_PROFILE_S, TORCH_COMPILE_S
+from flows.teardown import teardown
+from sandbox.vllm.timing import CUDA_GRAPH_CAPTURE_S, KV_CACHE_PROFILE_S, TORCH_COMPILE_CACHED_S, TORCH_COMPILE_S
+from tasks.common import clients
 from tests.support.artifacts import artifact
 from tests.support.promotion import promote, run_service
 
@@ -59,6 +61,32 @@ def test_cold_starts_are_measured_on_a_copy_phase_by_phase_and_production_is_unt
     text = artifact(f"cold-start-{service}")
     assert "| #1 |" in text and "| #2 |" in text and "**Recommendation:** compile takes" in text, text
     assert "| decode tok/s |" in text and "turn on the profile's compile_cache" in text, text
+
+
+@pytest.mark.usefixtures("raised_quota")
+def test_a_kept_compile_cache_is_restored_by_every_later_start_and_goes_with_the_service(sb, flow_env):
+    service = f"cold-cache-{next(_ids)}"
+    ServingProfile.preset("l4", compile_cache=True, vllm={"enforce_eager": False}).save(f"{service}-cached")
+    promote(service, profile=f"{service}-cached")  # its first start compiled, and saved the cache to the bucket
+    bucket = flow_env.bucket_name
+    storage = clients.storage(flow_env)
+
+    report = cold_start(service=service, target="sandbox", samples=2)
+
+    assert report.compile_cache and report.compile_cache.startswith(f"gs://{bucket}/compile-cache/sandbox/tiny-chat/")
+    folder = report.compile_cache.removeprefix(f"gs://{bucket}/")
+    saved = [b.name for b in storage.list_blobs(bucket, prefix=f"{folder}/")]
+    assert any(name.endswith("/rank_0_0/model") for name in saved), saved
+    for sample in report.samples:  # the copy mounts the same folder: each start restores instead of compiling
+        assert sample.phases["compile"] == TORCH_COMPILE_CACHED_S < TORCH_COMPILE_S, sample.phases
+        assert sample.phases["graph_capture"] == CUDA_GRAPH_CAPTURE_S, "CUDA graphs are captured at each start"
+    assert report.recommendation.startswith("graph_capture takes"), report.recommendation  # compile no longer leads
+    assert f"Compile cache: `{report.compile_cache}`" in artifact(f"cold-start-{service}")
+
+    results = teardown(service=service, target="sandbox", staged_weights=True)
+    bucket_result = next(r for r in results if r.kind == "bucket")
+    assert f"deleted gs://{bucket}/{folder} ({len(saved)} objects)" in bucket_result.changes, bucket_result
+    assert not list(storage.list_blobs(bucket, prefix=f"{folder}/")), "the service's cache goes with its weights"
 
 
 def test_a_new_projects_quota_refuses_the_copy_and_nothing_is_left(sb, flow_env):
