@@ -592,7 +592,7 @@ class CloudRun(ScaleIn):
             probe=res.startup_probe(container),
             liveness=res.liveness_probe(container),
             container_name=container.name,
-            mounts=res.gcs_mounts(revision_template_view(revision), container),
+            mounts=res.gcs_mounts(revision_template_view(revision), container, self.ctx),
             faults=faults,
             engine_venv=self.config.engine_venv if real_engine else None,
             note=note,
@@ -898,8 +898,8 @@ class CloudRun(ScaleIn):
 
 
 def revision_template_view(revision: run_v2.Revision) -> run_v2.RevisionTemplate:
-    """The volume part of a revision, in template form (the stand-in's mount table reads it)."""
-    return run_v2.RevisionTemplate(volumes=list(revision.volumes))
+    """The volume part of a revision and who uses them, in template form (the stand-in's mount table reads it)."""
+    return run_v2.RevisionTemplate(volumes=list(revision.volumes), service_account=revision.service_account)
 
 
 def _snake(name: str) -> str:
