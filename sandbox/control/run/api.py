@@ -878,9 +878,8 @@ class CloudRun(ScaleIn):
 
     async def admin_instances(self, _: Request) -> JSONResponse:
         """Each revision's instance: its ingress process, when it started and passed its startup probe (real epoch
-        seconds), how many of the revision's instances shut down by themselves (a failed liveness probe, the
-        container's exit: ``restarts``), and its sidecars with their counters (gmp_sidecar.GmpSidecar.status:
-        scrapes, writes, ...)."""
+        seconds), how many of the revision's instances shut down by themselves (``restarts``), its volumes as it got
+        them (``mounts``, ``writable`` included) and its sidecars' counters (gmp_sidecar.GmpSidecar.status)."""
         return JSONResponse(
             [
                 {
@@ -890,6 +889,7 @@ class CloudRun(ScaleIn):
                     "started_at": i.started_at,
                     "ready_at": i.ready_at,
                     "restarts": self.restarts.get(name, 0),
+                    "mounts": i.spec.mounts,
                     "sidecars": [s.status() for s in i.sidecars],
                 }
                 for name, i in self.instances.items()
