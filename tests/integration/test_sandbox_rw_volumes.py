@@ -8,6 +8,9 @@ poll by poll against the sandbox's Cloud Storage, so nothing waits on a clock.
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from google.cloud import run_v2
 
 from blocks.target import GcpTarget
 from sandbox.control.run.volume_sync import REFUSED_LINE, VolumeSync
+from sandbox.serving import free_port
 from sandbox.vllm.instance import InstanceEnv, Mount
 from sandbox.vllm.real_engine import materialize
 from sandbox.vllm.storage import emulator_client
@@ -169,3 +173,45 @@ def test_without_write_access_nothing_reaches_the_bucket_and_each_file_is_logged
     sync.final()
     assert _objects(sb, key) == {}
     assert sync.take_lines() == [REFUSED_LINE, REFUSED_LINE]
+
+
+FAKE_VLLM = """#!/bin/sh
+# A stand-in for the engine venv's `vllm serve`: writes under each volume, as vLLM's compile cache would, and exits.
+mkdir -p /mnt/compile-cache/vllm && echo compiled > /mnt/compile-cache/vllm/graph.bin && echo cache-written
+touch /mnt/models/tiny/nope 2>/dev/null && echo models-writable || echo models-read-only
+"""
+
+
+def test_the_real_engine_gets_a_read_write_volume_read_write_and_the_rest_read_only(sb, services, tmp_path):
+    """The real engine's launch (sandbox/vllm/real_engine.py) with a fake ``bin/vllm``: in its mount namespace the
+    read-write volume takes writes, the model's stays read-only, and what it wrote is where the write-back reads."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").write_text(FAKE_VLLM)
+    (venv / "bin" / "vllm").chmod(0o755)
+    key = f"engine-{next(_ids)}"
+    mounts = [
+        {"mount_path": "/mnt/models", "bucket": BUCKET, "only_dir": "models", "read_only": True},
+        {"mount_path": "/mnt/compile-cache", "bucket": BUCKET, "only_dir": f"{CACHE}{key}", "read_only": False,
+         "writable": True},
+    ]  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "SANDBOX_IMAGE_ENTRYPOINT": "vllm-serve",
+        "SANDBOX_ENGINE_VENV": str(venv),
+        "SANDBOX_MOUNTS": json.dumps(mounts),
+        "SANDBOX_ROOT": str(tmp_path / "root"),
+        "SANDBOX_PORT_MAP": json.dumps({"8080": free_port()}),
+        "STORAGE_EMULATOR_HOST": sb.info["gcs_emulator_url"],
+    }
+    ran = subprocess.run(
+        [sys.executable, "-m", "sandbox.vllm", "/mnt/models/tiny", "--port", "8080", "--host", "0.0.0.0"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert "cache-written" in ran.stdout and "models-read-only" in ran.stdout, ran.stdout + ran.stderr
+    assert "volume at /mnt/compile-cache: 0 objects of" in ran.stdout + ran.stderr
+    sync = VolumeSync(mounts[1], tmp_path / "root", sb.info["gcs_emulator_url"])
+    sync.final()  # the engine exited: its stop's write-back
+    assert _objects(sb, key) == {"vllm/graph.bin": b"compiled\n"}
