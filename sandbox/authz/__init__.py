@@ -16,14 +16,17 @@ Interface shared by the control plane (owned by the authz work; other modules on
 
 The project policy lives in the Resource Manager stand-in (``sandbox/control/resourcemanager``); resource
 policies stay where each API keeps them (Cloud Run services, secrets, repositories, service accounts, buckets in
-the GCS front). Conditional bindings grant nothing here (the sandbox evaluates no CEL conditions).
+the GCS front). A conditional binding counts only when its condition is Cloud Storage's object-name prefix and the
+checked resource is an object under it (``sandbox.authz.conditions``); any other condition grants nothing here (the
+sandbox evaluates no other CEL).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sandbox.authz.propagation import GrantLedger, policy_key
+from sandbox.authz.conditions import condition_holds
+from sandbox.authz.propagation import GrantLedger, grant_role, policy_key
 from sandbox.authz.roles import grants
 
 if TYPE_CHECKING:
@@ -124,10 +127,16 @@ def resource_policy(ctx: ControlContext, resource: str) -> dict | None:
     return None
 
 
-def _bindings(policy: dict | None) -> list[dict[str, Any]]:
+def _bindings(policy: dict | None, resource: str) -> list[dict[str, Any]]:
+    """The policy's bindings that apply to a check on ``resource``: unconditional ones, and conditional ones whose
+    condition holds for it (sandbox.authz.conditions)."""
     if not policy:
         return []
-    return [b for b in policy.get("bindings", []) or [] if not b.get("condition")]
+    return [
+        b
+        for b in policy.get("bindings", []) or []
+        if not b.get("condition") or condition_holds(b["condition"], resource)
+    ]
 
 
 def _member_matches(ctx: ControlContext, member: str, principal: str, project_bindings: list[dict]) -> bool:
@@ -151,17 +160,17 @@ def _roles_of(ctx: ControlContext, principal: str, resource: str) -> set[str]:
     def effective(key: str, role: str, member: str) -> bool:
         return ledger is None or not ledger.pending(key, role, member, window)
 
-    project = _bindings(project_policy(ctx))
+    project = _bindings(project_policy(ctx), resource)
     roles = {
         b["role"]
         for b in project
         for m in b.get("members", [])
-        if (m == principal or m in PUBLIC) and effective("project", b["role"], m)
+        if (m == principal or m in PUBLIC) and effective("project", grant_role(b), m)
     }
     key = policy_key(resource)
-    for binding in _bindings(resource_policy(ctx, resource)):
+    for binding in _bindings(resource_policy(ctx, resource), resource):
         if any(
-            _member_matches(ctx, m, principal, project) and effective(key, binding["role"], m)
+            _member_matches(ctx, m, principal, project) and effective(key, grant_role(binding), m)
             for m in binding.get("members", [])
         ):
             roles.add(binding["role"])

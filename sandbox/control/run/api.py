@@ -592,7 +592,7 @@ class CloudRun(ScaleIn):
             probe=res.startup_probe(container),
             liveness=res.liveness_probe(container),
             container_name=container.name,
-            mounts=res.gcs_mounts(revision_template_view(revision), container),
+            mounts=res.gcs_mounts(revision_template_view(revision), container, self.ctx),
             faults=faults,
             engine_venv=self.config.engine_venv if real_engine else None,
             note=note,
@@ -878,9 +878,8 @@ class CloudRun(ScaleIn):
 
     async def admin_instances(self, _: Request) -> JSONResponse:
         """Each revision's instance: its ingress process, when it started and passed its startup probe (real epoch
-        seconds), how many of the revision's instances shut down by themselves (a failed liveness probe, the
-        container's exit: ``restarts``), and its sidecars with their counters (gmp_sidecar.GmpSidecar.status:
-        scrapes, writes, ...)."""
+        seconds), how many of the revision's instances shut down by themselves (``restarts``), its volumes as it got
+        them (``mounts``, ``writable`` included) and its sidecars' counters (gmp_sidecar.GmpSidecar.status)."""
         return JSONResponse(
             [
                 {
@@ -890,6 +889,7 @@ class CloudRun(ScaleIn):
                     "started_at": i.started_at,
                     "ready_at": i.ready_at,
                     "restarts": self.restarts.get(name, 0),
+                    "mounts": i.spec.mounts,
                     "sidecars": [s.status() for s in i.sidecars],
                 }
                 for name, i in self.instances.items()
@@ -898,8 +898,8 @@ class CloudRun(ScaleIn):
 
 
 def revision_template_view(revision: run_v2.Revision) -> run_v2.RevisionTemplate:
-    """The volume part of a revision, in template form (the stand-in's mount table reads it)."""
-    return run_v2.RevisionTemplate(volumes=list(revision.volumes))
+    """The volume part of a revision and who uses them, in template form (the stand-in's mount table reads it)."""
+    return run_v2.RevisionTemplate(volumes=list(revision.volumes), service_account=revision.service_account)
 
 
 def _snake(name: str) -> str:

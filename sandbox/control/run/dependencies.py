@@ -3,7 +3,8 @@
 Admission checks (image, service account, VPC) fail the request with 400 as Cloud Run does; secrets are
 resolved when an instance starts, and a service account without access fails the revision
 (SECRETS_ACCESS_CHECK_FAILED), with the message Cloud Run gives; a Cloud Storage volume whose bucket the account
-cannot list never mounts (``unmountable_volume``: gcsfuse v3's GetStorageLayout failure).
+cannot list never mounts (``unmountable_volume``: gcsfuse v3's GetStorageLayout failure); a read-write one is
+written back only if the account may create objects under it (``may_write``).
 """
 
 from __future__ import annotations
@@ -169,3 +170,17 @@ def unmountable_volume(ctx: ControlContext, mounts: list[dict], service_account:
                 "error: rpc error: code = PermissionDenied desc = The caller does not have permission"
             )
     return None
+
+
+def may_write(ctx: ControlContext, service_account: str, bucket: str, only_dir: str | None) -> bool:
+    """Whether the revision's account may create objects where its read-write volume shows them: under ``only_dir``
+    (an object in that folder), else anywhere in the bucket (the bucket itself).
+
+    gcsfuse writes a file to the bucket as the account (storage.objects.create on the object: Cloud Storage docs,
+    "IAM permissions for JSON methods", objects.insert), so a grant limited by an object-name condition to the
+    folder (sandbox.authz.conditions) is enough, and the grant counts once it has propagated
+    (sandbox.authz.propagation), as every other check of the account's access does.
+    """
+    base = (only_dir or "").strip("/")
+    resource = f"projects/_/buckets/{bucket}" + (f"/objects/{base}/" if base else "")
+    return has_permission(ctx, f"serviceAccount:{service_account}", "storage.objects.create", resource)

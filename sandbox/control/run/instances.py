@@ -42,6 +42,9 @@ emulates in-process (``sidecars``: so far the GMP collector, gmp_sidecar.py); ap
 and ``stop`` stops them before the ingress container, so a sidecar's last act (the collector's shut-down scrape)
 still finds it running.
 
+A real engine's read-write Cloud Storage volume is written back to its bucket while the instance runs and once more
+when it stops (volume_sync.py: files that stopped changing, as gcsfuse uploads a file when it is closed).
+
 What the container writes and what Cloud Run says about the instance are logged as Cloud Logging receives them
 (container_log.py): each line of stdout and stderr stamped when the launcher reads it, and Cloud Run's own lines
 (system_lines.py: why the instance started, its startup probe passing, its end) in the revision's varlog/system log,
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -75,6 +79,7 @@ from sandbox.control.run.system_lines import (
     start_line,
     startup_passed_line,
 )
+from sandbox.control.run.volume_sync import VolumeSync, volume_syncs
 from sandbox.serving import LOOPBACK, free_port, stop_process_group
 from sandbox.vllm.timing import PublishedClock
 
@@ -181,6 +186,9 @@ class Instance:
         self.clock_path = workdir / "clock"
         self.scratch: Path | None = None  # the real engine's HOME and TMPDIR, removed when it stops
         self.sidecars: list[Sidecar] = []
+        # The real engine's read-write volumes, written back to their buckets while it runs and when it stops.
+        self.volume_syncs: list[VolumeSync] = []
+        self._sync_tasks: list[asyncio.Task] = []
         self.started_at: float | None = None  # real epoch seconds: the ingress container was launched
         self.ready_at: float | None = None  # real epoch seconds: its startup probe passed
         # Called once when the instance shuts down by itself (a failed liveness probe, the container's exit), with
@@ -272,6 +280,10 @@ class Instance:
             self.log.close()
             raise
         self.log.attach()
+        if self.spec.real_engine:
+            self.volume_syncs = volume_syncs(self.spec.mounts, self.workdir / "root", self.gcs_url)
+            write = functools.partial(self.log.write, stream="stderr")
+            self._sync_tasks = [asyncio.create_task(sync.run(write)) for sync in self.volume_syncs]
         outcome = await self._probe_until_started()
         if outcome.ready:
             self.ready_at, self.startup_s = time.time(), outcome.elapsed_sim_s
@@ -418,7 +430,19 @@ class Instance:
         # The real engine's EngineCore child may hold the listening socket it inherited: the whole group goes.
         if self.process is not None:
             await stop_process_group(self.process, 5)
+        await self._final_sync()
         self.log.close()  # what it wrote before it went is logged; a line it was cut off in is logged as it is
+
+    async def _final_sync(self) -> None:
+        """The volumes' last write-back, once the container is gone: what it wrote and no poll sent yet."""
+        tasks, self._sync_tasks = self._sync_tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sync in self.volume_syncs:
+            await asyncio.to_thread(sync.final)
+            for line in sync.take_lines():
+                self.log.write(line, "stderr")
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -10,6 +10,8 @@ import secrets
 from google.cloud import run_v2
 from google.protobuf import duration_pb2, json_format, timestamp_pb2
 
+from sandbox.control import ControlContext
+from sandbox.control.run.dependencies import may_write
 from sandbox.control.run.instances import ProbeSpec
 from sandbox.control.run.validation import DEFAULT_CPU, DEFAULT_MEMORY, has_field, ingress_index
 
@@ -171,8 +173,11 @@ def _probe_spec(probe: run_v2.Probe, port: int) -> ProbeSpec:
     return ProbeSpec("tcp", probe.tcp_socket.port or port, **common)
 
 
-def gcs_mounts(template: run_v2.RevisionTemplate, container: run_v2.Container) -> list[dict]:
-    """The container's Cloud Storage volume mounts in the vLLM stand-in's SANDBOX_MOUNTS shape."""
+def gcs_mounts(
+    template: run_v2.RevisionTemplate, container: run_v2.Container, ctx: ControlContext | None = None
+) -> list[dict]:
+    """The container's Cloud Storage volume mounts in the vLLM stand-in's SANDBOX_MOUNTS shape; with ``ctx``, a
+    read-write volume says whether the template's service account may write to it (``writable``, judged now)."""
     volumes = {v.name: v for v in template.volumes}
     mounts = []
     for mount in container.volume_mounts:
@@ -180,12 +185,18 @@ def gcs_mounts(template: run_v2.RevisionTemplate, container: run_v2.Container) -
         if volume is None or not has_field(volume, "gcs"):
             continue
         only_dir = next((opt.split("=", 1)[1] for opt in volume.gcs.mount_options if opt.startswith("only-dir=")), None)
+        writable = (
+            ctx is not None
+            and not volume.gcs.read_only
+            and may_write(ctx, template.service_account, volume.gcs.bucket, only_dir)
+        )
         mounts.append(
             {
                 "mount_path": mount.mount_path,
                 "bucket": volume.gcs.bucket,
                 "only_dir": only_dir,
                 "read_only": volume.gcs.read_only,
+                "writable": writable,
             }
         )
     return mounts
