@@ -78,7 +78,7 @@ def test_a_kept_compile_cache_is_restored_by_every_later_start_and_goes_with_the
     saved = [b.name for b in storage.list_blobs(bucket, prefix=f"{folder}/")]
     assert any(name.endswith("/rank_0_0/model") for name in saved), saved
     for sample in report.samples:  # the copy mounts the same folder: each start restores instead of compiling
-        assert sample.phases["compile"] == TORCH_COMPILE_CACHED_S < TORCH_COMPILE_S, sample.phases
+        assert sample.phases["compile"] == pytest.approx(TORCH_COMPILE_CACHED_S, abs=0.01), sample.phases  # printed .2f
         assert sample.phases["graph_capture"] == CUDA_GRAPH_CAPTURE_S, "CUDA graphs are captured at each start"
     assert report.recommendation.startswith("graph_capture takes"), report.recommendation  # compile no longer leads
     assert f"Compile cache: `{report.compile_cache}`" in artifact(f"cold-start-{service}")
