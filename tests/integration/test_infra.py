@@ -6,7 +6,7 @@ import itertools
 import json
 
 import pytest
-from google.api_core.exceptions import BadRequest, NotFound
+from google.api_core.exceptions import BadRequest, Forbidden, NotFound
 from google.cloud import compute_v1, run_v2, secretmanager_v1
 from pydantic import SecretStr
 
@@ -443,3 +443,30 @@ def test_a_location_policy_that_excludes_the_region_refuses_the_secret_with_the_
             ensure.ensure_secret(target, TOKEN)
     with pytest.raises(NotFound):
         clients.secret_manager(target).get_secret(name=ensure.secret_path(target))
+
+
+@pytest.mark.usefixtures("iam_propagated", "grants_propagated")
+def test_a_compile_cache_grant_lets_the_account_write_its_caches_only_and_is_kept_by_later_runs(sb, target):
+    ensure.ensure_bucket(target)
+    ensure.ensure_service_account(target)
+    prefix = f"gs://{target.bucket_name}/compile-cache/"
+    first = access.grant_bucket_object_viewer(target, compile_cache=True)
+    assert first.changes == ["granted roles/storage.objectViewer", f"granted roles/storage.objectUser on {prefix}"]
+    assert access.grant_bucket_object_viewer(target, compile_cache=True).changes == [], "idempotent"
+    # A service without the cache, promoted later on the same target, must not take it from the others.
+    assert access.grant_bucket_object_viewer(target).changes == []
+    member = f"serviceAccount:{target.service_account_email}"
+    policy = clients.storage(target).bucket(target.bucket_name).get_iam_policy(requested_policy_version=3)
+    (writer,) = [b for b in policy.bindings if member in b["members"] and b["role"] == "roles/storage.objectUser"]
+    assert writer["condition"]["expression"] == (
+        f'resource.name.startsWith("projects/_/buckets/{target.bucket_name}/objects/compile-cache/")'
+    )
+    before = sb.configure()["caller"]
+    try:
+        sb.configure(caller=member)  # as the serving account: the cache is writable, the weights are not
+        bucket = clients.storage(target).bucket(target.bucket_name)
+        bucket.blob("compile-cache/org/model/abc/cpu-1/inductor/x.so").upload_from_string(b"kernel")
+        with pytest.raises(Forbidden):
+            bucket.blob("model-cache/org/model/abc/model.safetensors").upload_from_string(b"overwritten weights")
+    finally:
+        sb.configure(caller=before)
