@@ -27,8 +27,9 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 from pathlib import Path
+
+from bench.engine_sandbox import engine_sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "deployments" / "sandbox" / "tiny-llama.yaml"
@@ -63,22 +64,12 @@ def empty_cache_folder(report_folder: str | None) -> int:
 
 def measure(samples: int, metadata_port: int) -> list[dict]:
     """Each kind promoted once and measured with the cold-start flow; a row per sample."""
-    from prefect.testing.utilities import prefect_test_harness
-
     from flows.cold_start import cold_start
     from flows.promote import promote_model
-    from sandbox.blocks import save_sandbox_blocks
-    from sandbox.handle import SandboxHandle
     from tasks.deploy.probe import VerifyOptions
 
     rows = []
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-compile-cache-") as scratch,
-        SandboxHandle.start(Path(scratch), "--metadata-port", str(metadata_port), "--engine", "vllm") as sandbox,
-        prefect_test_harness(server_startup_timeout=300),
-    ):
-        os.environ["HF_ENDPOINT"] = sandbox.hub_url
-        save_sandbox_blocks(Path(scratch))
+    with engine_sandbox("bench-compile-cache-", metadata_port):
         for kind, profile in profiles().items():
             profile.save(f"bench-cc-{kind}", overwrite=True)
             service = f"bench-cc-{kind}"

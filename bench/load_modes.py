@@ -43,11 +43,12 @@ import json
 import os
 import re
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.engine_sandbox import engine_sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "deployments" / "sandbox" / "tiny-llama.yaml"
@@ -162,27 +163,17 @@ def promote_once(state: Path, mode: str, service: str) -> dict:
 
 def measure(rounds: int, metadata_port: int) -> list[dict]:
     """Every promotion of every round on one real-engine sandbox, the mode order alternating."""
-    from prefect.testing.utilities import prefect_test_harness
-
     from blocks.profile import CPU_MODE_ENV, ServingProfile
-    from sandbox.blocks import save_sandbox_blocks
-    from sandbox.handle import SandboxHandle
 
     runs = []
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-load-modes-") as scratch,
-        SandboxHandle.start(Path(scratch), "--metadata-port", str(metadata_port), "--engine", "vllm") as sandbox,
-        prefect_test_harness(server_startup_timeout=300),
-    ):
-        os.environ["HF_ENDPOINT"] = sandbox.hub_url
-        save_sandbox_blocks(Path(scratch))
+    with engine_sandbox("bench-load-modes-", metadata_port) as scratch:
         # The cpu preset as the model file asks for it, plus the streamer's own timing line (logging only).
         env = {**CPU_MODE_ENV, "RUNAI_STREAMER_LOG_TO_STDERR": "1"}
         ServingProfile.preset("cpu", env=env).save(PROFILE_BLOCK, overwrite=True)
         for number in range(1, rounds + 1):
             order = MODES if number % 2 else MODES[::-1]
             for position, mode in enumerate(order, 1):
-                run = promote_once(Path(scratch), mode, f"bench-{mode.split('-')[0]}-r{number}")
+                run = promote_once(scratch, mode, f"bench-{mode.split('-')[0]}-r{number}")
                 runs.append({"round": number, "position": position, **run})
                 print(_row(runs[-1]), flush=True)
     return runs
