@@ -26,12 +26,17 @@ ui: $(BIN)/.installed
 
 # The real-browser check (tests/browser): replays the demo, serves its history with `prefect server start` and
 # opens the run, its report, the refusal's report and the logs in Debian's chromium; screenshots in .ui-check/.
-ui-check: $(BIN)/.installed
+ui-check: $(BIN)/.ui-installed
+	UI_CHECK=1 $(BIN)/python -m pytest -q tests/browser
+
+# What ui-check needs beyond the suite: chromium and Playwright (a target of its own, so CI installs them before it
+# runs the check beside the other tiers, and no pip install changes the venv under a running tier).
+$(BIN)/.ui-installed: $(BIN)/.installed
 	@test -x /usr/bin/chromium || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; \
 	  else echo "ui-check needs Debian's chromium at /usr/bin/chromium: sudo apt-get install -y chromium" >&2; exit 1; fi; }
 	$(BIN)/python -m pip install --quiet -e '.[dev,ui]'
-	UI_CHECK=1 $(BIN)/python -m pytest -q tests/browser
+	touch $@
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each with its own sandbox and Prefect harness, a test
 # file to one worker: one test's waits (servers, the sandbox's simulated clocks) overlap another's work, until
