@@ -64,8 +64,14 @@ def admin_routes(runtime: SandboxRuntime) -> list[BaseRoute]:
             setattr(runtime.config, key, value)
         return JSONResponse(runtime.config.model_dump())
 
+    async def settle_grants(_: Request) -> JSONResponse:
+        # Time passing for IAM: the grants made so far have propagated, those made next still wait (a test of a grant
+        # made on top of older ones, e.g. the compile cache's beside a bucket's read access).
+        return JSONResponse({"settled": runtime.ctx.grants.settle()})
+
     return [
         Route("/info", info, methods=["GET"]),
+        Route("/grants/settle", settle_grants, methods=["POST"]),
         Route("/faults", add_fault, methods=["POST"]),
         Route("/faults", list_faults, methods=["GET"]),
         Route("/faults", clear_faults, methods=["DELETE"]),

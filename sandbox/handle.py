@@ -155,6 +155,10 @@ class SandboxHandle:
         """Change time scale or quotas of the running sandbox."""
         return self._ok(self.admin.post("/config", json=settings))
 
+    def settle_grants(self) -> int:
+        """Every role granted so far counts now (its propagation over); later grants still wait."""
+        return self._ok(self.admin.post("/grants/settle"))["settled"]
+
     def hub(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call the Hub stand-in's admin API (``/_sandbox/hub/...``): create repos, commits, grants."""
         return self._ok(self.admin.request(method, f"/hub{path}", **kwargs))

@@ -56,6 +56,13 @@ class GrantLedger:
             for role, member in after - before:
                 self._added[(key, role, member)] = now
 
+    def settle(self) -> int:
+        """Every grant made so far counts from now on (minutes passed: the next ones still wait); returns how many."""
+        with self._lock:
+            count = len(self._added)
+            self._added.clear()
+        return count
+
     def pending(self, key: str, role: str, member: str, window_s: float) -> bool:
         """Whether the binding was added less than ``window_s`` (real seconds) ago."""
         if window_s <= 0:

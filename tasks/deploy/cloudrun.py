@@ -23,7 +23,7 @@ from tasks.common import clients
 from tasks.common.gcp import GCP_RETRY, InfraError, gcp_errors, wait_for
 from tasks.common.logs import run_logger
 from tasks.common.naming import CANDIDATE_TAG, PREVIOUS_TAG
-from tasks.deploy import verdicts
+from tasks.deploy import compile_cache, verdicts
 from tasks.deploy.probe import Verification, VerifyOptions, verify
 from tasks.deploy.revision_logs import revision_log_tail
 from tasks.deploy.traffic import canary_split, rescaled
@@ -497,6 +497,13 @@ def deploy_when_startable(
             if unreadable is not None and waited < propagation.DEADLINE_S:
                 why = (f"the revision's account {email} cannot read {unreadable} yet: this run granted it moments ago "
                        "(IAM propagation, typically 2 minutes, up to 7 or more)")  # fmt: skip
+            elif granted is not None and cache_write_refused(str(exc)):
+                # vLLM creates its compile cache folder first thing and cannot start without it (sandbox/vllm/
+                # compile_cache.py: decorators.py:575 and backends.py:1080 are not guarded); this run's objectUser
+                # grant on compile-cache/ (tasks/infra/access.py) is the one that lets it.
+                why = (f"the revision's account {email} may not write its compile cache in gs://{granted[0]} yet: "
+                       f"this run granted it {granted[1]:.0f} s ago (IAM propagation, typically 2 minutes, up to 7 or "
+                       "more)")  # fmt: skip
             elif granted is not None and propagation.names_bucket(str(exc), granted[0]):
                 # The grant and its deadline decide, and the failure is about that bucket: gcsfuse's words for a
                 # mount its account may not do yet changed with its v3, the bucket's name did not.
@@ -520,6 +527,12 @@ def deploy_when_startable(
             time.sleep(pause)
             if before_retry is not None:
                 before_retry()
+
+
+def cache_write_refused(message: str) -> bool:
+    """Whether a failed start's log says the compile cache's volume refused a write (EACCES: "[Errno 13] Permission
+    denied: '/mnt/compile-cache/..."; gcsfuse answers a create its account may not do so)."""
+    return re.search(rf"Permission denied: '?{re.escape(compile_cache.MOUNT_PATH)}\b", message) is not None
 
 
 def no_room_advice(replace_helps: bool) -> str:

@@ -10,6 +10,7 @@ from blocks import ServingProfile
 from flows.promote import promote_model
 from tasks.common import clients
 from tasks.deploy.probe import VerifyOptions
+from tasks.infra import access, ensure
 from tests.support.delivery import NO_WATCH
 from tests.support.run_log import run_logs
 
@@ -124,3 +125,27 @@ def test_runtime_hub_access_reaches_the_hub_from_the_deployed_container(sb, flow
     spec = clients.run_services(flow_env).get_service(name=f"{flow_env.location_path}/services/{service}")
     assert spec.template.vpc_access.egress.name == "PRIVATE_RANGES_ONLY"
     assert "HF_HUB_OFFLINE" not in {e.name for e in spec.template.containers[0].env}
+
+
+@pytest.mark.usefixtures("iam_propagated")
+def test_a_revision_that_cannot_write_its_compile_cache_yet_is_deployed_again_once_the_grant_counts(
+    sb, flow_env, grant_propagation
+):
+    """An account that already reads the bucket gets, in the ensure step, the right to write compile caches there; the
+    revision starts moments later and vLLM, unable to create its cache folder, fails to start. The run's own grant,
+    within its deadline, makes the deploy be made again, logged, until vLLM can write."""
+    n = next(_ids)
+    target = flow_env.model_copy(update={"service_account_name": f"cache-wait-sa-{n}"})
+    target.save(f"e2e-cache-wait-{n}", overwrite=True)
+    ensure.ensure_bucket(target)
+    ensure.ensure_service_account(target)
+    grant_propagation(2000)  # 20 s at the default clock: a grant counts long after the deploy right after it
+    access.grant_bucket_object_viewer(target)
+    assert sb.settle_grants() >= 1  # granted long ago: it already serves an eager model, so its read access counts
+    cached = ServingProfile.preset("l4", compile_cache=True, vllm={"enforce_eager": False})
+    cached.save("e2e-cache-wait", overwrite=True)
+    with run_logs() as log:
+        report = promote(f"e2e-cache-wait-{n}", target=f"e2e-cache-wait-{n}", profile="e2e-cache-wait")
+    assert report.outcome == "promoted", report.reason
+    waits = [line for line in log.lines if f"may not write its compile cache in gs://{target.bucket_name} yet" in line]
+    assert waits and all(target.service_account_email in line for line in waits), log.text()[-3000:]
