@@ -82,10 +82,11 @@ def test_the_engine_is_judged_on_its_answers_and_a_model_that_knows_nothing_neve
     for sample in measured.samples:
         assert len(sample.phases) >= 3 and sample.explained_s >= 0.6 * sample.ttft_s, sample
         assert {"engine_setup", "kv_cache_init", "startup_probe"} <= set(sample.phases), sample
+        assert sample.decode_tokens_per_s and sample.decode_tokens_per_s > 0, "vLLM's own /metrics gives the decode"
     log = revision_log(sb, measured.copy_revision)  # the sandbox's own record of the copy's instances
     assert log.count("Starting new instance. Reason: AUTOSCALING") == 2, log
     assert log.count("Starting new instance. Reason: DEPLOYMENT_ROLLOUT") == 1, log
     assert traffic(flow_env) == promoted, "production's traffic moved"
     assert not [i for i in sb.run("GET", "/instances") if f"/services/{SERVICE}-cold/" in i["revision"]]
-    print("cold starts on the real engine:", [(s.ttft_s, s.phases) for s in measured.samples])
+    print("cold starts on the real engine:", [(s.ttft_s, s.decode_tokens_per_s, s.phases) for s in measured.samples])
     teardown(service=SERVICE, target="sandbox")  # the next tests start on an empty region

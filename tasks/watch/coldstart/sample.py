@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -48,47 +47,26 @@ def restart_from_zero(target: GcpTarget, copy_id: str) -> None:
     resume_serving(target, copy_id, run_v2.ServiceScaling(scaling_mode=AUTOMATIC), max_instances=1)
 
 
-@dataclass
-class Stream:
-    """What a streamed completion gave: when its first and last tokens came, and how many there were."""
-
-    first_at: float | None = None
-    last_at: float | None = None
-    chunks: int = 0
-    completion_tokens: int | None = None  # vLLM's usage (stream_options.include_usage), when it sends it
-
-    @property
-    def decode_tokens_per_s(self) -> float | None:
-        """Tokens after the first over the time they took: the engine's decode speed for one sequence."""
-        tokens = self.completion_tokens or self.chunks
-        if self.first_at is None or self.last_at is None or tokens < 2 or self.last_at <= self.first_at:
-            return None
-        return round((tokens - 1) / (self.last_at - self.first_at), 2)
-
-
-def read_stream(response: httpx.Response) -> Stream:
-    """Reads the stream to its end, timing its first and last content chunks."""
-    stream = Stream()
+def first_token_at(response: httpx.Response) -> float | None:
+    """Reads the stream to its end; the time (monotonic) its first content chunk came, None when none came."""
+    first = None
     for line in response.iter_lines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
         chunk = json.loads(line.removeprefix("data: "))
         if "error" in chunk:
             raise NoFirstToken(f"the stream failed: {chunk['error']}")
-        if chunk.get("usage"):
-            stream.completion_tokens = chunk["usage"].get("completion_tokens")
-        if any((choice.get("delta") or {}).get("content") for choice in chunk.get("choices", [])):
-            now = time.monotonic()
-            stream.first_at = stream.first_at if stream.first_at is not None else now
-            stream.last_at, stream.chunks = now, stream.chunks + 1
-    return stream
+        if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+            first = time.monotonic()
+    return first
 
 
 def engine_decode_speed(client: httpx.Client) -> float | None:
     """Output tokens a second by the engine's own clock: vLLM's per-request time per output token histogram
     (vllm:request_time_per_output_token_seconds, vllm/v1/metrics/loggers.py) on the instance that just started, whose
-    only request was the sample's. A stream read here gives no such figure for a fast engine: its chunks arrive
-    together (tiny-llama's 64 tokens in 0.1 s read as 89,000 tokens/s). None when /metrics does not answer."""
+    only request was the sample's. Timing the stream here gives no such figure for a fast engine: its chunks arrive
+    together (tiny-llama's 64 tokens in 0.1 s read as 89,000 tokens/s). None when /metrics does not answer: no
+    figure rather than a wrong one."""
     try:
         text = client.get("/metrics", timeout=30).raise_for_status().text
     except httpx.HTTPError:
@@ -110,8 +88,7 @@ def timed_request(url: str, token: SecretStr, served_name: str, prompt: str, dea
     # DECODE_TOKENS tokens whatever the model would say (vLLM's ignore_eos), so the same request also gives the
     # decode speed: what a compiled engine gains over an eager one (issue 38).
     body = {"model": served_name, "messages": [{"role": "user", "content": prompt}], "max_tokens": DECODE_TOKENS,
-            "ignore_eos": True, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+            "ignore_eos": True, "temperature": 0, "stream": True}  # fmt: skip
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"}
     began, pause, refusals = time.monotonic(), 0.5, 0
     with httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(deadline_s, connect=30)) as client:
@@ -119,14 +96,13 @@ def timed_request(url: str, token: SecretStr, served_name: str, prompt: str, dea
             sent, started = datetime.now(UTC), time.monotonic()
             with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code == 200:
-                    stream = read_stream(response)
-                    if stream.first_at is None:
+                    first = first_token_at(response)
+                    if first is None:
                         raise NoFirstToken("the stream ended without a token")
-                    ttft = stream.first_at - started
-                    decode = engine_decode_speed(client) or stream.decode_tokens_per_s
+                    ttft = first - started
                     return Timed(sent=sent, first_token=sent + timedelta(seconds=ttft), ttft_s=round(ttft, 3),
                                  refused_for_s=round(started - began, 3), refusals=refusals,
-                                 decode_tokens_per_s=decode)  # fmt: skip
+                                 decode_tokens_per_s=engine_decode_speed(client))  # fmt: skip
                 response.read()
                 if response.status_code not in NO_INSTANCE or time.monotonic() - began > deadline_s:
                     raise NoFirstToken(f"HTTP {response.status_code}: {response.text[:200]}")
