@@ -22,6 +22,7 @@ def repository_host(target: GcpTarget) -> str:
 # Where each run's report is kept in the target's bucket, one folder per service: reports/<service>/ (written by
 # tasks/report/archive.py; a teardown deletes a service's folder only when asked, tasks/infra/teardown.py).
 REPORTS_PREFIX = "reports"
+COMPILE_CACHE_PREFIX = "compile-cache"  # vLLM's compile caches in the model bucket (tasks/deploy/compile_cache.py)
 
 
 def reports_prefix(service_id: str) -> str:

@@ -20,7 +20,7 @@ PR #7615 cut torch.compile from 12.8 s to 2.3 s, and engine init from 26.7 s to 
   AOT on, vLLM also points TORCHINDUCTOR_CACHE_DIR inside its own AOT folder (vllm/compilation/decorators.py:574-580).
   ``VLLM_USE_AOT_COMPILE=0`` on CPU keeps Inductor's cache where we put it. GPUs keep vLLM's default.
 - **Writes only there.** The serving account may create objects under ``compile-cache/`` alone (an IAM condition on
-  the bucket: tasks/infra/access.grant_compile_cache_writer); the weights stay read-only to it.
+  the bucket: tasks/infra/access.compile_cache_binding); the weights stay read-only to it.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from google.cloud import run_v2
 
 from blocks.profile import COMPILE_CACHE_MOUNT, ServingProfile
 from blocks.target import GcpTarget
+from tasks.common.naming import COMPILE_CACHE_PREFIX
 
 VOLUME = "compile-cache"
 MOUNT_PATH = COMPILE_CACHE_MOUNT  # fixed: vLLM's cache key and Inductor's artefacts hold paths
-PREFIX = "compile-cache"
+PREFIX = COMPILE_CACHE_PREFIX
 
 
 def cache_folder(profile: ServingProfile, image: str, repo_id: str, commit: str, model: str) -> str:
@@ -65,9 +66,3 @@ def cache_volume(target: GcpTarget, folder: str) -> run_v2.Volume:
         name=VOLUME,
         gcs=run_v2.GCSVolumeSource(bucket=target.bucket_name, read_only=False, mount_options=[f"only-dir={folder}"]),
     )
-
-
-def condition_expression(bucket: str) -> str:
-    """The IAM condition that limits a grant on the bucket to the compile caches (Cloud Storage's documented
-    resource-name prefix form: "resource.name.startsWith('projects/_/buckets/BUCKET/objects/PREFIX')")."""
-    return f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{PREFIX}/")'

@@ -13,8 +13,8 @@ from prefect import task
 from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.gcp import POLICY_CONFLICT_RETRY, EnsureResult, InfraError, gcp_errors
+from tasks.common.naming import COMPILE_CACHE_PREFIX
 from tasks.common.permissions import METRIC_WRITER_ROLE
-from tasks.deploy import compile_cache
 from tasks.infra.ensure import PUBLIC_MEMBERS, secret_path
 from tasks.infra.propagation import note_grant, when_visible
 
@@ -77,7 +77,7 @@ def grant_bucket_object_viewer(target: GcpTarget, compile_cache: bool = False) -
 
 
 def compile_cache_prefix(bucket: str) -> str:
-    return f"gs://{bucket}/{compile_cache.PREFIX}/"
+    return f"gs://{bucket}/{COMPILE_CACHE_PREFIX}/"
 
 
 def compile_cache_binding(bucket: str) -> dict:
@@ -88,7 +88,8 @@ def compile_cache_binding(bucket: str) -> dict:
         "condition": {
             "title": "compile-cache only",
             "description": "vLLM's compile caches (promote-model, compile_cache); the weights stay read-only",
-            "expression": compile_cache.condition_expression(bucket),
+            # Cloud Storage's documented resource-name prefix form (IAM Conditions, "resource.name.startsWith").
+            "expression": f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{COMPILE_CACHE_PREFIX}/")',
         },
     }
 

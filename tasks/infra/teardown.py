@@ -16,8 +16,8 @@ from prefect import task
 from blocks.target import GcpTarget
 from tasks.common import clients
 from tasks.common.gcp import GCP_RETRY, EnsureResult, InfraError, gcp_errors, wait_for
+from tasks.common.naming import COMPILE_CACHE_PREFIX as CACHE_PREFIX
 from tasks.common.naming import REPORTS_PREFIX, SERVICE_ID, reports_prefix
-from tasks.deploy.compile_cache import PREFIX as CACHE_PREFIX
 from tasks.infra.ensure import (
     iam_call,
     repository_path,
