@@ -25,7 +25,7 @@ from flows.common import DEFAULT_TARGET, load_target, service_lock
 from flows.service_lock import ServiceLockTimeout
 from tasks.common import clients
 from tasks.common.logs import run_logger
-from tasks.deploy import compile_cache
+from tasks.infra.shared_use import cache_folders
 from tasks.watch.coldstart.copy import copy_id, create_copy, delete_copy
 from tasks.watch.coldstart.instance_logs import cold_start_marks
 from tasks.watch.coldstart.phases import phases
@@ -124,11 +124,7 @@ def _measure(gcp: GcpTarget, service: str, samples: int, prompt: str) -> ColdSta
 
 def cache_folder(service: run_v2.Service) -> str | None:
     """gs://BUCKET/FOLDER of the copy's compile cache volume, when the profile keeps one."""
-    for volume in service.template.volumes:
-        if volume.name == compile_cache.VOLUME:
-            folder = next((o.split("=", 1)[1] for o in volume.gcs.mount_options if o.startswith("only-dir=")), "")
-            return f"gs://{volume.gcs.bucket}/{folder}"
-    return None
+    return next((f"gs://{bucket}/{folder}" for bucket, folder in sorted(cache_folders(service.template))), None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,6 @@ from tasks.common.naming import COMPILE_CACHE_PREFIX
 
 VOLUME = "compile-cache"
 MOUNT_PATH = COMPILE_CACHE_MOUNT  # fixed: vLLM's cache key and Inductor's artefacts hold paths
-PREFIX = COMPILE_CACHE_PREFIX
 
 
 def cache_folder(profile: ServingProfile, image: str, repo_id: str, commit: str, model: str) -> str:
@@ -47,7 +46,7 @@ def cache_folder(profile: ServingProfile, image: str, repo_id: str, commit: str,
         sort_keys=True,
     )
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
-    return f"{PREFIX}/{repo_id}/{commit[:12]}/{device}-{digest}"
+    return f"{COMPILE_CACHE_PREFIX}/{repo_id}/{commit[:12]}/{device}-{digest}"
 
 
 def cache_env(profile: ServingProfile) -> dict[str, str]:

@@ -77,9 +77,9 @@ def staged_commits(revision: run_v2.Revision) -> set[tuple[str, str]]:
     return found
 
 
-def cache_folders(revision: run_v2.Revision) -> set[tuple[str, str]]:
-    """The compile caches a revision writes: its read-write Cloud Storage volumes' folders (tasks/deploy/
-    compile_cache.py)."""
+def cache_folders(revision: run_v2.Revision | run_v2.RevisionTemplate) -> set[tuple[str, str]]:
+    """The compile caches a revision (or a service's template) writes: (bucket, folder) of its read-write Cloud
+    Storage volumes (tasks/deploy/compile_cache.py)."""
     found = set()
     for volume in revision.volumes:
         only = next((o.split("=", 1)[1] for o in volume.gcs.mount_options if o.startswith("only-dir=")), "")

@@ -70,7 +70,7 @@ def test_cold_starts_are_measured_on_a_copy_phase_by_phase_and_production_is_unt
     assert "| decode tok/s |" in text and "turn on the profile's compile_cache" in text, text
 
 
-@pytest.mark.usefixtures("raised_quota")
+@pytest.mark.usefixtures("raised_quota")  # as above: the copy's L4 beside production's exceeds a new project's 40 GiB
 def test_a_kept_compile_cache_is_restored_by_every_later_start_and_goes_with_the_service(sb, flow_env):
     service = f"cold-cache-{next(_ids)}"
     ServingProfile.preset("l4", compile_cache=True, vllm={"enforce_eager": False}).save(f"{service}-cached")
